@@ -1,0 +1,79 @@
+"""Building blocks shared by the target and the DFlash drafter: RMSNorm, RoPE, SwiGLU MLP
+and masked grouped-query attention. Plain PyTorch; the Triton tree kernel replaces
+`attend` on the GPU later."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, cast back to the input dtype (as Llama/Qwen3 do)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class SwiGLU(nn.Module):
+    """The Llama/Qwen3 MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (the half-split convention of HF Llama/Qwen3).
+
+    `inv_freq` is a float32 buffer; cos/sin are computed per call from integer positions,
+    so any position (tree nodes share positions) costs the same and nothing is cached.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions: (B, M) int -> cos, sin: (B, 1, M, D) in `dtype`."""
+        freqs = positions.float()[..., None] * self.inv_freq  # (B, M, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (B, M, D)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, H, M, D); cos, sin: (B, 1, M, D)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float) -> Tensor:
+    """Masked grouped-query attention.
+
+    q: (B, Hq, M, D); k, v: (B, Hkv, S, D); visible: (B, M, S) bool, True where query m
+    may attend to key s. Returns (B, Hq, M, D). Every query row must see at least one key.
+    """
+    num_groups = q.shape[1] // k.shape[1]
+    if num_groups > 1:
+        k = k.repeat_interleave(num_groups, dim=1)  # (B, Hq, S, D)
+        v = v.repeat_interleave(num_groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], scale=scale)
