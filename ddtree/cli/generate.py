@@ -1,0 +1,68 @@
+"""`ddtree generate`: one generation in one process (the round without the wire)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ddtree.cli.options import (
+    add_model_options, add_sampling_options, add_spec_options, resolve_pair_dirs,
+    sampling_from_args, spec_from_args,
+)
+from ddtree.engine import GenerationRequest, generate
+from ddtree.runtime import load_pair, resolve_device, resolve_dtype
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("generate", help="generate text in one process")
+    add_model_options(parser)
+    add_spec_options(parser)
+    add_sampling_options(parser)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="raw prompt text")
+    prompt.add_argument("--chat", help="a user message, wrapped in the chat template")
+    parser.add_argument("--json", action="store_true", help="print token_ids, text and stats")
+    parser.set_defaults(func=run)
+
+
+def encode_prompt(tokenizer, prompt: str | None, chat: str | None) -> list[int]:  # noqa: ANN001
+    if chat is not None:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": chat}], tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    target_dir, drafter_dir = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
+    device = resolve_device(args.device)
+    target, drafter = load_pair(target_dir, drafter_dir, device, resolve_dtype(args.dtype, device))
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    request = GenerationRequest(
+        prompt_ids=encode_prompt(tokenizer, args.prompt, args.chat),
+        max_tokens=args.max_tokens, sampling=sampling_from_args(args), spec=spec_from_args(args),
+    )
+    token_ids: list[int] = []
+    start = time.perf_counter()
+    finish_reason = None
+    stats = None
+    for result, stats in generate(target, drafter, request):
+        token_ids.extend(result.new_tokens)
+        finish_reason = result.finish_reason
+        if not args.json:
+            print(tokenizer.decode(result.new_tokens, skip_special_tokens=True), end="", flush=True)
+    elapsed = time.perf_counter() - start
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if args.json:
+        assert stats is not None
+        print(json.dumps({
+            "token_ids": token_ids, "text": text, "finish_reason": finish_reason,
+            "stats": stats.to_dict() | {"wall_seconds": round(elapsed, 4)},
+        }))
+    else:
+        print()
+    return 0

@@ -1,0 +1,179 @@
+"""The round's top-level spec: at temperature 0 every mode serves exactly the target's own
+greedy tokens (the engine's `ar` mode AND transformers' `generate`), for both families and
+several budgets; stop / max-token trimming; seeded sampling is reproducible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddtree.engine import (
+    GenerationRequest, SpecParams, VerifySession, generate, single_node_tree,
+)
+from ddtree.errors import InvalidArgumentError
+from ddtree.models.tiny import make_tiny_pair
+from ddtree.runtime import load_pair
+from ddtree.sampling import SamplingParams
+from ddtree.tree import DraftTree
+
+FAMILIES = ("llama", "qwen3")
+MAX_TOKENS = 20
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    make_tiny_pair(root, family=request.param)
+    target, drafter = load_pair(root / "target", root / "drafter", torch.device("cpu"),
+                                torch.float32)
+    return root, target, drafter
+
+
+def prompts(vocab_size: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in (5, 12, 1)]
+
+
+def run(target, drafter, prompt: list[int], spec: SpecParams, max_tokens: int = MAX_TOKENS,
+        **kwargs) -> tuple[list[int], str | None]:
+    request = GenerationRequest(prompt, max_tokens, spec=spec, ignore_eos=True, **kwargs)
+    tokens: list[int] = []
+    reason = None
+    for result, _ in generate(target, drafter, request):
+        tokens += result.new_tokens
+        reason = result.finish_reason
+    return tokens, reason
+
+
+def hf_greedy(target_dir: Path, prompt: list[int], max_tokens: int) -> list[int]:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+SPECS = [SpecParams("linear")] + [
+    SpecParams(mode, budget, topk)
+    for mode in ("tree", "shadow")
+    for budget, topk in ((1, None), (4, None), (16, 4), (48, None))
+]
+
+
+def test_every_mode_serves_the_targets_greedy_tokens(pair) -> None:
+    root, target, drafter = pair
+    for prompt in prompts(target.config.vocab_size):
+        reference, reason = run(target, drafter, prompt, SpecParams("ar"))
+        assert reason == "length" and len(reference) == MAX_TOKENS
+        assert reference == hf_greedy(root / "target", prompt, MAX_TOKENS)
+        for spec in SPECS:
+            tokens, _ = run(target, drafter, prompt, spec)
+            assert tokens == reference, f"{spec} diverged from the target's greedy decode"
+
+
+def oracle_tree(greedy: list[int], bonus: int, depth: int, noise: int, vocab: int) -> DraftTree:
+    """The target's own continuation as a chain, plus wrong siblings hanging off it."""
+    tokens, parents, depths = [bonus], [-1], [0]
+    chain_node = 0
+    for d in range(depth):
+        for k in range(noise):  # wrong siblings first, so the walk must skip them
+            tokens.append((greedy[d] + 1 + k) % vocab)
+            parents.append(chain_node)
+            depths.append(d + 1)
+        tokens.append(greedy[d])
+        parents.append(chain_node)
+        depths.append(d + 1)
+        chain_node = len(tokens) - 1
+    return DraftTree(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
+                     depth=torch.tensor([depths]))
+
+
+def test_multi_token_acceptance_commits_and_compacts_exactly(pair) -> None:
+    """Trees that contain the true continuation: long accepted paths, exact KV compaction."""
+    _, target, _ = pair
+    vocab = target.config.vocab_size
+    prompt = prompts(vocab)[0]
+    reference, _ = run(target, None, prompt, SpecParams("ar"), max_tokens=40)
+    request = GenerationRequest(prompt, 40, spec=SpecParams("tree"), ignore_eos=True)
+    session = VerifySession(target, request)
+    out = session.prefill().new_tokens
+    while not session.finished:
+        done = len(out)
+        future = reference[done:] + [0] * 8
+        tree = oracle_tree(future, session.bonus_token, 5, 2, vocab)
+        result = session.verify(tree)
+        assert result.acceptance_length == 6 or result.finished
+        out += result.new_tokens
+    assert out == reference
+
+
+def test_stop_token_and_max_tokens_are_trimmed_inside_an_accepted_block(pair) -> None:
+    _, target, drafter = pair
+    prompt = prompts(target.config.vocab_size)[1]
+    reference, _ = run(target, None, prompt, SpecParams("ar"))
+    stop = reference[7]
+    first = reference.index(stop)
+    for spec in (SpecParams("ar"), SpecParams("tree", 16)):
+        tokens, reason = run(target, drafter, prompt, spec, stop_token_ids=(stop,))
+        assert (tokens, reason) == (reference[:first], "stop")
+        tokens, reason = run(target, drafter, prompt, spec, max_tokens=5)
+        assert (tokens, reason) == (reference[:5], "length")
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(pair) -> None:
+    _, target, drafter = pair
+    prompt = prompts(target.config.vocab_size)[0]
+    results = {}
+    for seed in (1, 1, 2):
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        results.setdefault(seed, []).append(
+            run(target, drafter, prompt, SpecParams("tree", 8), sampling=sampling)[0])
+    assert results[1][0] == results[1][1]
+    assert results[1][0] != results[2][0]
+
+
+def test_stats_count_rounds_nodes_and_acceptance(pair) -> None:
+    _, target, drafter = pair
+    request = GenerationRequest(prompts(target.config.vocab_size)[0], MAX_TOKENS,
+                                spec=SpecParams("tree", 8), ignore_eos=True)
+    stats = None
+    for _, stats in generate(target, drafter, request):
+        pass
+    assert stats is not None
+    assert stats.num_drafted_nodes == 8 * stats.num_rounds
+    assert sum(stats.acceptance_lengths) >= MAX_TOKENS - 1
+    assert stats.num_accepted_draft_tokens == sum(stats.acceptance_lengths) - stats.num_rounds
+    assert sum(stats.acceptance_histogram()) == stats.num_rounds
+    assert {"prefill", "draft", "verify", "walk", "commit"} <= set(stats.stage_seconds)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(prompt_ids=[], max_tokens=4),
+    dict(prompt_ids=[1, 2], max_tokens=0),
+    dict(prompt_ids=[10**9], max_tokens=4),
+    dict(prompt_ids=[1], max_tokens=4, spec=SpecParams("tree", 0)),
+    dict(prompt_ids=[1], max_tokens=4, spec=SpecParams("tree", 10**6)),
+    dict(prompt_ids=[1], max_tokens=4, spec=SpecParams("beam")),  # type: ignore[arg-type]
+    dict(prompt_ids=[1], max_tokens=4, sampling=SamplingParams(temperature=-1.0)),
+    dict(prompt_ids=[1], max_tokens=10**7),
+])
+def test_bad_requests_raise_a_typed_error(pair, bad: dict) -> None:
+    _, target, _ = pair
+    with pytest.raises(InvalidArgumentError):
+        VerifySession(target, GenerationRequest(**bad))
+
+
+def test_modes_other_than_ar_need_a_drafter(pair) -> None:
+    _, target, _ = pair
+    with pytest.raises(InvalidArgumentError, match="needs a drafter"):
+        next(generate(target, None, GenerationRequest([1, 2], 4, spec=SpecParams("tree"))))
+
+
+def test_single_node_tree_is_one_ar_step(pair) -> None:
+    tree = single_node_tree(7, torch.device("cpu"))
+    assert tree.tokens.tolist() == [[7]] and tree.parents.tolist() == [[-1]]
