@@ -14,7 +14,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight: nn.Parameter = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
@@ -48,6 +48,15 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        # `module.to(torch.bfloat16)` would round the frequencies too, putting angles at
+        # position ~1000 off by radians: keep the float32 values, follow only the device.
+        original = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32 and not self.inv_freq.is_meta:
+            self.inv_freq = original.to(self.inv_freq.device)
+        return self
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions: (B, M) int -> cos, sin: (B, 1, M, D) in `dtype`."""

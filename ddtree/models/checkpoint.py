@@ -1,0 +1,130 @@
+"""Reading HF-format checkpoint directories: `config.json` and safetensors weights, either
+one `model.safetensors` or shards listed by `model.safetensors.index.json`.
+
+Only JSON and safetensors are ever parsed (no pickle, no remote code), so a checkpoint from
+the Hub cannot run code here. Every failure a user can cause (missing directory or file,
+bad JSON, corrupt or truncated safetensors, missing tensor) is a CheckpointError naming
+the file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+
+from ddtree.errors import CheckpointError
+
+CONFIG_NAME = "config.json"
+SINGLE_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def read_json(file: Path) -> dict[str, Any]:
+    """The JSON object in `file`; CheckpointError if it is missing or not a JSON object."""
+    if not file.is_file():
+        raise CheckpointError(f"missing {file.name} in {file.parent}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot parse {file}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The `config.json` dict of checkpoint directory `path`."""
+    return read_json(_checkpoint_dir(path) / CONFIG_NAME)
+
+
+def weight_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file holding it (a single file, else the shard index).
+
+    For a single file the names are read from its header only (cheap: no tensor data)."""
+    path = _checkpoint_dir(path)
+    single = path / SINGLE_NAME
+    if single.is_file():
+        return dict.fromkeys(_names_in(single), single)
+    index = path / INDEX_NAME
+    if not index.is_file():
+        raise CheckpointError(f"no {SINGLE_NAME} or {INDEX_NAME} in {path} "
+                              "(only safetensors checkpoints are supported)")
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no 'weight_map' object")
+    return {name: _shard_path(path, index, shard) for name, shard in weight_map.items()}
+
+
+def read_tensors(
+    path: Path,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    select: Callable[[str], bool] | None = None,
+) -> dict[str, Tensor]:
+    """Loads the tensors of checkpoint `path` whose name `select` accepts (all when None).
+
+    Floating-point tensors are cast to `dtype`; everything is moved to `device`. Only the
+    selected tensors' bytes are read (safetensors files are memory-mapped)."""
+    files = weight_files(path)
+    names = [name for name in files if select is None or select(name)]
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    tensors: dict[str, Tensor] = {}
+    for file, file_names in by_file.items():
+        tensors.update(_read_file(file, file_names, device, dtype))
+    return tensors
+
+
+def require_tensors(tensors: dict[str, Tensor], names: Iterable[str], path: Path) -> None:
+    """CheckpointError listing the `names` that `tensors` lacks."""
+    missing = sorted(set(names) - tensors.keys())
+    if missing:
+        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensor(s): {shown}")
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    return path
+
+
+def _shard_path(root: Path, index: Path, shard: object) -> Path:
+    """A shard named by the index, refused if it would point outside the checkpoint."""
+    if not isinstance(shard, str) or Path(shard).name != shard:
+        raise CheckpointError(f"{index} names an invalid shard file {shard!r}")
+    return root / shard
+
+
+def _names_in(file: Path) -> list[str]:
+    try:
+        with safe_open(str(file), framework="pt") as reader:
+            return list(reader.keys())
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"corrupt safetensors file {file}: {exc}") from exc
+
+
+def _read_file(file: Path, names: list[str], device: torch.device | str,
+               dtype: torch.dtype) -> dict[str, Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"missing shard {file.name} in {file.parent}")
+    out: dict[str, Tensor] = {}
+    try:
+        with safe_open(str(file), framework="pt") as reader:
+            present = set(reader.keys())
+            for name in names:
+                if name not in present:
+                    raise CheckpointError(f"{file} lacks tensor {name!r} listed in the index")
+                tensor = reader.get_tensor(name)
+                cast = dtype if tensor.is_floating_point() else tensor.dtype
+                out[name] = tensor.to(device=device, dtype=cast)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"corrupt safetensors file {file}: {exc}") from exc
+    return out

@@ -1,0 +1,404 @@
+"""The DFlash drafter (ALGORITHMS.md section 2): a few Qwen3 decoder layers that fill a whole
+block `[bonus, MASK x (b-1)]` in one forward, conditioned on fused target features through
+extra keys/values ("KV injection"). It has no embedding table or LM head: it borrows the
+target's (`TargetEmbeddings`).
+
+Two paths share the layers:
+- inference (`append_context` + `draft`): each layer's context K/V depend only on the fused
+  context vector, so they are computed once when a token is committed and kept in an
+  append-only `KVCache`; the block's own K/V are recomputed every round and never stored.
+- training (`forward_blocks`): context K/V recomputed from the fused features, many blocks
+  per sequence, visibility given by the caller's block mask.
+
+Checkpoints use z-lab's format (config.json with `dflash_config`, weight names without a
+`model.` prefix); `load_drafter` reads them without executing their remote code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from ddtree.errors import CheckpointError, IncompatibleModelsError
+from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
+from ddtree.models.kv_cache import KVCache
+from ddtree.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, attend
+from ddtree.models.target import TargetEmbeddings
+from ddtree.models.target_config import TargetConfig
+
+MASK_EMBEDDING = "mask_embedding"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """z-lab's default: `num_draft_layers` target layers evenly spaced from 1 to N - 3,
+    `round(1 + i*(N-4)/(k-1))` (36 layers, k=5 -> (1, 9, 17, 25, 33)).
+
+    k == 1 has no spacing to speak of: we take the middle layer `N // 2` (z-lab's choice too),
+    a layer that already mixes context but is not yet specialised to the next token.
+    """
+    if num_draft_layers < 1 or num_target_layers < 1:
+        raise CheckpointError(
+            f"cannot place {num_draft_layers} feature layers in {num_target_layers} target layers")
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """What the drafter's shapes and conditioning need; `from_hf`/`to_hf` speak z-lab's
+    config.json. `has_mask_embedding` is not in that file: the loader sets it from the
+    weights (a `mask_embedding` tensor present or not)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int | None = None
+    has_mask_embedding: bool = False
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    attention_bias: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        problems = []
+        if self.block_size < 2:
+            problems.append(f"block_size {self.block_size} < 2")
+        if not self.target_layer_ids:
+            problems.append("target_layer_ids is empty")
+        if self.num_attention_heads % self.num_key_value_heads:
+            problems.append(f"{self.num_attention_heads} heads not a multiple of "
+                            f"{self.num_key_value_heads} KV heads")
+        if self.head_dim % 2:
+            problems.append(f"head_dim {self.head_dim} is odd (RoPE needs pairs)")
+        if problems:
+            raise CheckpointError("invalid drafter config: " + "; ".join(problems))
+
+    @property
+    def num_feature_layers(self) -> int:
+        """k: how many target layers are concatenated per context token."""
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def from_hf(cls, d: Mapping[str, Any], has_mask_embedding: bool = False) -> DrafterConfig:
+        """Parses a z-lab DFlash config.json dict; raises CheckpointError when it is not one
+        or uses something we do not implement (non-default RoPE scaling, another activation)."""
+        dflash = d.get("dflash_config") or {}
+        block_size = _block_size(d, dflash)
+        num_layers = int(_require(d, "num_hidden_layers"))
+        num_target_layers = int(_require(d, "num_target_layers"))
+        layer_ids = dflash.get("target_layer_ids") or d.get("target_layer_ids")
+        if layer_ids is None:
+            layer_ids = default_target_layer_ids(num_target_layers, num_layers)
+        mask_token_id = dflash.get("mask_token_id", d.get("mask_token_id"))
+        if d.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"drafter hidden_act {d['hidden_act']!r} is not supported")
+        hidden = int(_require(d, "hidden_size"))
+        heads = int(_require(d, "num_attention_heads"))
+        return cls(
+            hidden_size=hidden, num_hidden_layers=num_layers, num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            intermediate_size=int(_require(d, "intermediate_size")),
+            vocab_size=int(_require(d, "vocab_size")), block_size=block_size,
+            num_target_layers=num_target_layers, target_layer_ids=tuple(layer_ids),
+            mask_token_id=None if mask_token_id is None else int(mask_token_id),
+            has_mask_embedding=has_mask_embedding,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(d),
+            max_position_embeddings=int(d.get("max_position_embeddings", 40960)),
+            attention_bias=bool(d.get("attention_bias", False)),
+            extra={k: d[k] for k in ("bos_token_id", "eos_token_id") if k in d},
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """z-lab's config.json (Qwen3 fields + `dflash_config`); block_size both at the top
+        level (older readers) and nested (newer ones)."""
+        dflash: dict[str, Any] = {"block_size": self.block_size,
+                                  "target_layer_ids": list(self.target_layer_ids)}
+        if self.mask_token_id is not None:
+            dflash["mask_token_id"] = self.mask_token_id
+        n = self.num_hidden_layers
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+            "model_type": "qwen3", "block_size": self.block_size, "dflash_config": dflash,
+            "num_target_layers": self.num_target_layers, "hidden_size": self.hidden_size,
+            "num_hidden_layers": n, "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size, "hidden_act": "silu",
+            "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "rope_scaling": None,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias, "attention_dropout": 0.0,
+            "layer_types": ["full_attention"] * n, "max_window_layers": n,
+            "use_sliding_window": False, "sliding_window": None,
+            "tie_word_embeddings": False, "use_cache": True, "initializer_range": 0.02,
+            **dict(self.extra),
+        }
+
+
+def _require(d: Mapping[str, Any], key: str) -> Any:
+    if d.get(key) is None:
+        raise CheckpointError(f"drafter config.json has no {key!r}")
+    return d[key]
+
+
+def _block_size(d: Mapping[str, Any], dflash: Mapping[str, Any]) -> int:
+    """Older z-lab configs have `block_size` at the top level, newer ones also nest it."""
+    sizes = {int(v) for v in (d.get("block_size"), dflash.get("block_size")) if v is not None}
+    if not sizes:
+        raise CheckpointError("drafter config.json has no block_size: not a DFlash drafter")
+    if len(sizes) > 1:
+        raise CheckpointError(f"drafter config.json: block_size {d['block_size']} != "
+                              f"dflash_config.block_size {dflash['block_size']}")
+    return sizes.pop()
+
+
+def _rope_theta(d: Mapping[str, Any]) -> float:
+    """transformers 4 writes `rope_theta` (+ `rope_scaling`), 5 writes `rope_parameters`."""
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(f"drafter RoPE type {rope_type!r} is not supported")
+    return float(params.get("rope_theta", d.get("rope_theta", 1_000_000.0)))
+
+
+class DraftAttention(nn.Module):
+    """Qwen3 attention whose keys/values are [context ; block] and whose queries are the
+    block's; context and block K/V come from the same projections (`project_kv`)."""
+
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        bias = c.attention_bias
+        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+
+    def _split(self, x: Tensor, num_heads: int) -> Tensor:
+        b, m, _ = x.shape
+        return x.view(b, m, num_heads, self.head_dim)  # (B, M, heads, D)
+
+    def project_kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x: (B, M, H); cos, sin: (B, 1, M, D) -> k (after k_norm, RoPE), v: (B, Hkv, M, D)."""
+        k = self.k_norm(self._split(self.k_proj(x), self.num_kv_heads)).transpose(1, 2)
+        v = self._split(self.v_proj(x), self.num_kv_heads).transpose(1, 2)  # (B, Hkv, M, D)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
+                visible: Tensor) -> Tensor:
+        """h: (B, Q, H) normed block; ctx_k, ctx_v: (B, Hkv, S, D); cos, sin: (B, 1, Q, D);
+        visible: (B, Q, S + Q) bool -> (B, Q, H)."""
+        b, q_len, _ = h.shape
+        q = self.q_norm(self._split(self.q_proj(h), self.num_heads)).transpose(1, 2)
+        q = apply_rope(q, cos, sin)  # (B, Hq, Q, D)
+        k, v = self.project_kv(h, cos, sin)
+        k = torch.cat([ctx_k, k], dim=2)  # (B, Hkv, S + Q, D)
+        v = torch.cat([ctx_v, v], dim=2)
+        out = attend(q, k, v, visible, self.head_dim ** -0.5)  # (B, Hq, Q, D)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+
+
+class DraftLayer(nn.Module):
+    """A Qwen3 decoder layer; the context K/V enter attention un-normed by input_layernorm
+    (they were normed once by `hidden_norm` in `fuse`)."""
+
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DraftAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
+                visible: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, visible)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """The DFlash draft model; parameter names are z-lab's (`layers.{i}...`, `fc`,
+    `hidden_norm`, `norm`, optional `mask_embedding`), so `state_dict()` is the checkpoint."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.layers = nn.ModuleList(DraftLayer(c) for _ in range(c.num_hidden_layers))
+        self.fc = nn.Linear(c.num_feature_layers * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary = Rotary(c.head_dim, c.rope_theta)
+        if c.has_mask_embedding:
+            self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size))
+        else:
+            self.register_parameter(MASK_EMBEDDING, None)
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """features: (B, C, k*H) concatenated target layer outputs -> (B, C, H) context."""
+        return self.hidden_norm(self.fc(features))
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty draft KV (context K/V only) for `batch` rows of `max_len` tokens."""
+        c, w = self.config, self.fc.weight
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim,
+                       w.device, w.dtype)
+
+    def append_context(self, cache: KVCache, cache_lens: Tensor, fused: Tensor,
+                       positions: Tensor) -> None:
+        """Writes every layer's context K (k_norm, RoPE at `positions`) and V of `fused`
+        (B, C, H) at slots `cache_lens[b] + j`. cache_lens: (B,) int64; positions: (B, C).
+        The caller advances `cache_lens` by C."""
+        slots = cache_lens[:, None] + torch.arange(fused.shape[1], device=fused.device)  # (B, C)
+        cos, sin = self.rotary.cos_sin(positions, fused.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.project_kv(fused, cos, sin)  # (B, Hkv, C, D)
+            cache.write(i, slots, k, v)
+
+    def block_embeddings(self, bonus: Tensor, embeddings: TargetEmbeddings,
+                         block_size: int) -> Tensor:
+        """bonus: (B, n) first token of each block -> (B, n*b, H): per block the target's
+        embedding of the bonus token, then b-1 mask rows (`mask_embedding` when present,
+        else the target's embedding of `mask_token_id`)."""
+        batch, n = bonus.shape
+        first = embeddings.embed(bonus)  # (B, n, H)
+        if self.mask_embedding is not None:
+            mask = self.mask_embedding.to(first.dtype)  # (H,)
+        else:
+            assert self.config.mask_token_id is not None, "drafter has no mask token"
+            mask_id = torch.full((1, 1), self.config.mask_token_id, device=bonus.device)
+            mask = embeddings.embed(mask_id)[0, 0]  # (H,)
+        rest = mask.expand(batch, n, block_size - 1, mask.shape[-1])  # (B, n, b-1, H)
+        block = torch.cat([first[:, :, None], rest], dim=2)  # (B, n, b, H)
+        return block.reshape(batch, n * block_size, -1)
+
+    def _run_layers(self, x: Tensor, context_kv: Callable[[int], tuple[Tensor, Tensor]],
+                    cos: Tensor, sin: Tensor, visible: Tensor) -> Tensor:
+        """x: (B, Q, H) block states; context_kv(i) -> layer i's (ctx_k, ctx_v)."""
+        for i, layer in enumerate(self.layers):
+            ctx_k, ctx_v = context_kv(i)
+            x = layer(x, ctx_k, ctx_v, cos, sin, visible)
+        return self.norm(x)
+
+    def draft(self, cache: KVCache, cache_lens: Tensor, kv_len: int, bonus: Tensor,
+              embeddings: TargetEmbeddings, block_size: int) -> Tensor:
+        """One block per row, no host sync. cache_lens: (B,) committed context per row;
+        kv_len: context slots to read (>= max(cache_lens), clipped to the cache);
+        bonus: (B,) -> (B, L, V) float32 logits of block positions 1..b-1."""
+        kv_len = min(kv_len, cache.k.shape[3])
+        device = bonus.device
+        offsets = torch.arange(block_size, device=device)
+        positions = cache_lens[:, None] + offsets  # (B, b)
+        ctx_visible = torch.arange(kv_len, device=device) < cache_lens[:, None]  # (B, kv_len)
+        visible = torch.cat([
+            ctx_visible[:, None, :].expand(-1, block_size, -1),
+            torch.ones(bonus.shape[0], block_size, block_size, dtype=torch.bool, device=device),
+        ], dim=2)  # (B, b, kv_len + b): non-causal inside the block
+        x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        batch = bonus.shape[0]
+        h = self._run_layers(
+            x, lambda i: (cache.k[i, :batch, :, :kv_len], cache.v[i, :batch, :, :kv_len]),
+            cos, sin, visible)
+        return embeddings.logits(h[:, 1:])
+
+    def forward_blocks(self, fused_ctx: Tensor, ctx_positions: Tensor, block_embeds: Tensor,
+                       block_positions: Tensor, visible: Tensor) -> Tensor:
+        """The training path. fused_ctx: (B, S, H) from `fuse`; ctx_positions: (B, S);
+        block_embeds: (B, Q, H) (e.g. `block_embeddings`); block_positions: (B, Q);
+        visible: (B, Q, S + Q) bool over [context ; blocks] keys -> (B, Q, H) after `norm`."""
+        ctx_cos, ctx_sin = self.rotary.cos_sin(ctx_positions, fused_ctx.dtype)
+        cos, sin = self.rotary.cos_sin(block_positions, block_embeds.dtype)
+        return self._run_layers(
+            block_embeds,
+            lambda i: self.layers[i].self_attn.project_kv(fused_ctx, ctx_cos, ctx_sin),
+            cos, sin, visible)
+
+
+def check_compatible(config: DrafterConfig, target: TargetConfig) -> None:
+    """IncompatibleModelsError listing every way the drafter does not fit the target."""
+    problems = []
+    if config.hidden_size != target.hidden_size:
+        problems.append(f"hidden_size {config.hidden_size} != target's {target.hidden_size}")
+    if config.vocab_size != target.vocab_size:
+        problems.append(f"vocab_size {config.vocab_size} != target's {target.vocab_size}")
+    if config.num_target_layers != target.num_layers:
+        problems.append(f"trained on a {config.num_target_layers}-layer target; this target "
+                        f"has {target.num_layers} layers")
+    outside = [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]
+    if outside:
+        problems.append(f"target_layer_ids {outside} outside the target's layers "
+                        f"[0, {target.num_layers})")
+    # With a learned `mask_embedding`, mask_token_id (if any) is never embedded: skip it.
+    mask_id = config.mask_token_id
+    if not config.has_mask_embedding:
+        if mask_id is None:
+            problems.append("no dflash_config.mask_token_id and no mask_embedding tensor")
+        elif not 0 <= mask_id < target.vocab_size:
+            problems.append(f"mask_token_id {mask_id} outside the target's vocabulary "
+                            f"[0, {target.vocab_size})")
+    if problems:
+        raise IncompatibleModelsError("drafter does not fit the target: " + "; ".join(problems))
+
+
+def load_drafter(path: Path | str, target_config: TargetConfig, device: torch.device | str,
+                 dtype: torch.dtype) -> DFlashDrafter:
+    """The z-lab-format drafter in `path`, checked against `target_config`, weights in
+    `dtype` on `device`, in eval mode. CheckpointError for missing/corrupt files or
+    tensors that do not match the config; IncompatibleModelsError when the pair does not fit."""
+    path = Path(path)
+    raw = read_config(path)
+    tensors = read_tensors(path, device, dtype,
+                           select=lambda n: not n.endswith("rotary_emb.inv_freq"))
+    config = DrafterConfig.from_hf(raw, has_mask_embedding=MASK_EMBEDDING in tensors)
+    check_compatible(config, target_config)
+    # Built on the meta device: no memory or random init for weights about to be replaced.
+    with torch.device("meta"):
+        drafter = DFlashDrafter(config)
+    expected = drafter.state_dict()
+    require_tensors(tensors, expected.keys(), path)
+    unexpected = sorted(tensors.keys() - expected.keys())
+    if unexpected:
+        raise CheckpointError(f"drafter checkpoint {path} has unexpected tensor(s): "
+                              f"{', '.join(unexpected[:8])}")
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(f"tensor {name} in {path} has shape {tuple(tensor.shape)}; "
+                                  f"the config implies {tuple(expected[name].shape)}")
+    drafter.load_state_dict(tensors, strict=True, assign=True)
+    drafter.rotary = Rotary(config.head_dim, config.rope_theta).to(device)  # float32 inv_freq
+    return drafter.eval()
+
+
+def save_drafter(drafter: DFlashDrafter, path: Path | str) -> None:
+    """Writes `path/config.json` and `path/model.safetensors` in z-lab's format (weights
+    in the drafter's dtype; `mask_embedding` only when the drafter has one)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = drafter.config.to_hf()
+    config["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    state = {name: t.detach().to("cpu").contiguous() for name, t in drafter.state_dict().items()}
+    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})

@@ -1,0 +1,249 @@
+"""The target model against transformers and against itself: checkpoints written by
+`save_pretrained` give transformers' logits and hidden states; prefill equals token-by-token
+decoding; each tree node equals a linear pass along its ancestors; compaction of an accepted
+path equals having run the path linearly; batch rows with different lengths are independent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+from ddtree.models.kv_cache import KVCache
+from ddtree.models.target import TargetModel, TargetOutput, load_target
+
+VOCAB = 211
+CASES = {
+    # name: (transformers config class name, tie_word_embeddings, extra config fields)
+    "llama-gqa": ("LlamaConfig", False, {}),
+    "llama-tied": ("LlamaConfig", True, {"num_key_value_heads": 4}),
+    # head_dim 32 != hidden / heads = 16, as in real Qwen3 checkpoints.
+    "qwen3-gqa": ("Qwen3Config", False, {"head_dim": 32}),
+    "qwen3-tied": ("Qwen3Config", True, {"num_key_value_heads": 1}),
+    "qwen2-bias": ("Qwen2Config", False, {}),
+}
+
+
+def build_hf(kind: str, tied: bool, extra: dict, seed: int = 0):
+    """A small transformers model with weights large enough to make logits non-trivial."""
+    import transformers
+
+    fields = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=tied, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=[2, 3])
+    config = getattr(transformers, kind)(**(fields | extra))
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(1 + 0.2 * noise if name.endswith("norm.weight") else 0.15 * noise)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(transformers model, our model loaded from its save_pretrained directory)."""
+    kind, tied, extra = CASES[request.param]
+    hf = build_hf(kind, tied, extra)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return hf, load_target(path, "cpu", torch.float32)
+
+
+def run(model: TargetModel, ids: list[int] | Tensor, cache: KVCache, start: int,
+        tree_mask: Tensor | None = None, depth: Tensor | None = None,
+        feature_layers: tuple[int, ...] = (), last_only: bool = False) -> TargetOutput:
+    """One batch-1 forward of `ids` after `start` committed tokens."""
+    ids = torch.as_tensor(ids).view(1, -1)  # (1, M)
+    offsets = depth if depth is not None else torch.arange(ids.shape[1])
+    positions = (start + offsets).view(1, -1)  # (1, M)
+    lens = torch.tensor([start])
+    return model(ids, positions, cache, lens, start + ids.shape[1], tree_mask=tree_mask,
+                 feature_layers=feature_layers, last_only=last_only)
+
+
+def linear(model: TargetModel, ids: list[int],
+           feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+    """Reference: the whole sequence in one causal pass over a fresh cache."""
+    return run(model, ids, model.new_cache(1, len(ids)), 0, feature_layers=feature_layers)
+
+
+def prompt(n: int, seed: int = 1) -> list[int]:
+    return torch.randint(4, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_logits_match_transformers(pair) -> None:
+    hf, model = pair
+    ids = prompt(11)
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits
+    out = linear(model, ids)
+    assert out.logits.dtype == torch.float32 and out.logits.shape == (1, 11, VOCAB)
+    assert expected.abs().max() > 1.0  # the comparison is not between near-zero logits
+    torch.testing.assert_close(out.logits, expected, rtol=1e-4, atol=1e-4)
+    last = run(model, ids, model.new_cache(1, 11), 0, last_only=True)
+    assert last.logits.shape == (1, 1, VOCAB) and last.features is None
+    torch.testing.assert_close(last.logits, expected[:, -1:], rtol=1e-4, atol=1e-4)
+
+
+def test_features_are_transformers_hidden_states_at_layer_plus_one(pair) -> None:
+    hf, model = pair
+    ids = prompt(7)
+    with torch.no_grad():
+        hidden_states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    layers = (1, 0, 2)  # order of the request is the order of concatenation
+    for last_only in (False, True):
+        out = run(model, ids, model.new_cache(1, 7), 0, feature_layers=layers,
+                  last_only=last_only)
+        assert out.features is not None and out.features.shape == (1, 7, 3 * 64)
+        for chunk, layer in zip(out.features.split(64, dim=-1), layers, strict=True):
+            torch.testing.assert_close(chunk, hidden_states[layer + 1], rtol=1e-4, atol=1e-4)
+    # Pin the offset: layer 0's feature is its OUTPUT, not the embedding output.
+    first = run(model, ids, model.new_cache(1, 7), 0, feature_layers=(0,)).features
+    assert not torch.allclose(first, hidden_states[0], atol=1e-2)
+
+
+def test_prefill_equals_token_by_token_decode(pair) -> None:
+    _, model = pair
+    ids = prompt(9)
+    full = linear(model, ids, feature_layers=(0, 2))
+    cache = model.new_cache(1, 16)
+    for i, token in enumerate(ids):
+        step = run(model, [token], cache, i, feature_layers=(0, 2))
+        torch.testing.assert_close(step.logits[0, 0], full.logits[0, i], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(step.features[0, 0], full.features[0, i], rtol=1e-4,
+                                   atol=1e-4)
+
+
+def random_parents(num_nodes: int, topology: str, seed: int) -> list[int]:
+    """parents of nodes 0..num_nodes-1 (node 0 is the root, parent -1, parents[i] < i)."""
+    gen = torch.Generator().manual_seed(seed)
+    if topology == "chain":
+        return [i - 1 for i in range(num_nodes)]
+    if topology == "star":
+        return [-1] + [0] * (num_nodes - 1)
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, num_nodes)]
+
+
+def ancestors(parents: list[int], node: int) -> list[int]:
+    """node indices from the root down to `node`, inclusive."""
+    chain = [node]
+    while parents[chain[-1]] >= 0:
+        chain.append(parents[chain[-1]])
+    return chain[::-1]
+
+
+def tree_inputs(parents: list[int]) -> tuple[Tensor, Tensor]:
+    """ancestor-or-self mask (1, N, N) bool and depth (N,) of a parent list."""
+    num = len(parents)
+    mask = torch.zeros(1, num, num, dtype=torch.bool)
+    depth = torch.zeros(num, dtype=torch.long)
+    for i in range(num):
+        mask[0, i, ancestors(parents, i)] = True
+        depth[i] = len(ancestors(parents, i)) - 1
+    return mask, depth
+
+
+@pytest.mark.parametrize("topology,num_nodes", [
+    ("chain", 6), ("star", 6), ("random", 12), ("random", 9), ("single", 1)])
+def test_tree_node_equals_linear_pass_along_its_ancestors(pair, topology: str,
+                                                          num_nodes: int) -> None:
+    _, model = pair
+    prefix = prompt(5)
+    parents = random_parents(num_nodes, topology, seed=num_nodes)
+    tokens = prompt(num_nodes, seed=num_nodes + 7)
+    mask, depth = tree_inputs(parents)
+    cache = model.new_cache(1, len(prefix) + num_nodes)
+    run(model, prefix, cache, 0)
+    out = run(model, tokens, cache, len(prefix), tree_mask=mask, depth=depth,
+              feature_layers=(1,))
+    for node in range(num_nodes):
+        chain = [tokens[i] for i in ancestors(parents, node)]
+        ref = linear(model, prefix + chain, feature_layers=(1,))
+        torch.testing.assert_close(out.logits[0, node], ref.logits[0, -1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.features[0, node], ref.features[0, -1], rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_compacted_tree_path_then_decode_equals_linear_run(pair) -> None:
+    _, model = pair
+    prefix, tokens = prompt(6), prompt(10, seed=3)
+    parents = [-1, 0, 0, 1, 2, 1, 3, 4, 6, 6]
+    path = ancestors(parents, 8)  # [0, 1, 3, 6, 8]: skips siblings, so rows really move
+    mask, depth = tree_inputs(parents)
+    cache = model.new_cache(1, 32)
+    run(model, prefix, cache, 0)
+    run(model, tokens, cache, len(prefix), tree_mask=mask, depth=depth)
+    cache.compact(len(prefix), torch.tensor([path]))
+    committed = len(prefix) + len(path)
+    following = prompt(3, seed=5)
+    out = run(model, following, cache, committed)
+    ref = linear(model, prefix + [tokens[i] for i in path] + following)
+    torch.testing.assert_close(out.logits[0], ref.logits[0, committed:], rtol=1e-4, atol=1e-4)
+
+
+def test_batch_rows_with_different_cache_lens_equal_each_row_alone(pair) -> None:
+    _, model = pair
+    prefixes = [prompt(4, seed=11), prompt(7, seed=12)]
+    news = [prompt(5, seed=13), prompt(5, seed=14)]
+    masks = [tree_inputs(random_parents(5, "random", seed))[0] for seed in (1, 2)]
+    depths = [tree_inputs(random_parents(5, "random", seed))[1] for seed in (1, 2)]
+    singles = []
+    batched = model.new_cache(2, 16)
+    torch.nn.init.normal_(batched.k)  # stale garbage past a row's length must stay unseen
+    torch.nn.init.normal_(batched.v)
+    for b in range(2):
+        cache = model.new_cache(1, 16)
+        run(model, prefixes[b], cache, 0)
+        batched.k[:, b, :, :len(prefixes[b])] = cache.k[:, 0, :, :len(prefixes[b])]
+        batched.v[:, b, :, :len(prefixes[b])] = cache.v[:, 0, :, :len(prefixes[b])]
+        singles.append(run(model, news[b], cache, len(prefixes[b]), tree_mask=masks[b],
+                           depth=depths[b], feature_layers=(0,)))
+    lens = torch.tensor([4, 7])
+    positions = lens[:, None] + torch.stack(depths)  # (2, 5)
+    out = model(torch.tensor(news), positions, batched, lens, kv_len=7 + 5,
+                tree_mask=torch.cat(masks), feature_layers=(0,))
+    for b in range(2):
+        torch.testing.assert_close(out.logits[b], singles[b].logits[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.features[b], singles[b].features[0], rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_kv_cache_compact_moves_the_kept_rows_per_batch_row() -> None:
+    cache = KVCache(num_layers=2, batch=2, num_kv_heads=3, max_len=12, head_dim=4,
+                    device="cpu", dtype=torch.float32)
+    torch.nn.init.normal_(cache.k)
+    torch.nn.init.normal_(cache.v)
+    old_k, old_v = cache.k.clone(), cache.v.clone()
+    keep = torch.tensor([[0, 2, 3, 6], [0, 1, 4, 5]])
+    cache.compact(3, keep)
+    for b in range(2):
+        for j, offset in enumerate(keep[b].tolist()):
+            assert torch.equal(cache.k[:, b, :, 3 + j], old_k[:, b, :, 3 + offset])
+            assert torch.equal(cache.v[:, b, :, 3 + j], old_v[:, b, :, 3 + offset])
+    assert torch.equal(cache.k[:, :, :, :3], old_k[:, :, :, :3])  # committed rows untouched
+
+
+def test_tied_embeddings_share_one_tensor(pair) -> None:
+    hf, model = pair
+    embeddings = model.embeddings
+    tied = hf.config.tie_word_embeddings
+    assert (embeddings.lm_head.weight is embeddings.embed_tokens.weight) == tied
+    assert model.config.tie_word_embeddings == tied
+
+
+def test_loaded_target_is_frozen_in_eval_mode_and_in_the_requested_dtype(
+        tmp_path: Path) -> None:
+    build_hf("Qwen3Config", False, {}).save_pretrained(tmp_path)
+    model = load_target(tmp_path, "cpu", torch.bfloat16)
+    assert not model.training
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in model.parameters())
+    assert model.rotary.inv_freq.dtype == torch.float32
+    cache = model.new_cache(1, 8)
+    assert cache.k.dtype == torch.bfloat16
+    out = run(model, prompt(8), cache, 0)
+    assert out.logits.dtype == torch.float32 and torch.isfinite(out.logits).all()
