@@ -1,0 +1,1 @@
+"""The drafter service: runs the DFlash drafter and streams draft trees to verifiers."""

@@ -1,0 +1,66 @@
+"""The drafter service's one frozen configuration, built from flags whose defaults come
+from environment variables (so compose sets everything through `environment:`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ddtree.engine import MAX_BUDGET
+
+
+@dataclass(frozen=True)
+class DrafterServiceConfig:
+    drafter: str  # DFlash drafter checkpoint dir
+    target: str  # target checkpoint dir (only its embedding + LM head are loaded)
+    host: str = "0.0.0.0"
+    port: int = 50052  # 0 = any free port
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int = 0  # longest context a session's draft KV holds; 0 = the target's
+    max_sessions: int = 64
+    max_budget: int = 256  # largest tree a request may ask for
+    max_workers: int = 8  # RPC threads (one per open Draft stream plus unary calls)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_model_len < 0:
+            raise ValueError(f"max_model_len must be >= 0, got {self.max_model_len}")
+        for name in ("max_sessions", "max_budget", "max_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_budget > MAX_BUDGET:
+            raise ValueError(f"max_budget must be <= {MAX_BUDGET}, got {self.max_budget}")
+
+
+def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    def get(name: str, default: str) -> str:
+        return env.get(f"DDTREE_{name}", default)
+
+    for flag in ("drafter", "target"):
+        value = env.get(f"DDTREE_{flag.upper()}")
+        parser.add_argument(f"--{flag}", default=value, required=not value)
+    parser.add_argument("--host", default=get("HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(get("PORT", "50052")))
+    parser.add_argument("--device", default=get("DEVICE", "auto"))
+    parser.add_argument("--dtype", default=get("DTYPE", "auto"))
+    parser.add_argument("--max-model-len", type=int, default=int(get("MAX_MODEL_LEN", "0")))
+    parser.add_argument("--max-sessions", type=int, default=int(get("MAX_SESSIONS", "64")))
+    parser.add_argument("--max-budget", type=int, default=int(get("MAX_BUDGET", "256")))
+    parser.add_argument("--max-workers", type=int, default=int(get("MAX_WORKERS", "8")))
+    parser.add_argument("--log-level", default=get("LOG_LEVEL", "info"))
+
+
+def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> DrafterServiceConfig:
+    """Flags override DDTREE_* environment variables, which override the defaults."""
+    parser = argparse.ArgumentParser(prog="python -m drafter_svc", description=__doc__)
+    _add_flags(parser, environ)
+    args = parser.parse_args(argv)
+    try:
+        return DrafterServiceConfig(**vars(args))
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

@@ -1,0 +1,161 @@
+"""Shared fixtures for the services over real loopback gRPC: the tiny model pair (written
+once per session in the real checkpoint formats), in-process drafter and verifier servers
+on port 0, stubs, and the target's own greedy tokens as the reference."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from ddtree.engine import GenerationRequest, SpecParams, generate
+from ddtree.models.target import TargetModel
+from ddtree.models.tiny import make_tiny_pair
+from ddtree.runtime import load_pair
+from ddtree.service import CHANNEL_OPTIONS
+from ddtree.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from drafter_svc.config import DrafterServiceConfig
+from drafter_svc.server import build_server as build_drafter
+from verifier_svc.config import VerifierServiceConfig
+from verifier_svc.server import build_server as build_verifier
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_BUDGET = 64
+MAX_SESSIONS = 6
+# Every call in these tests has a deadline: a hung service fails the test, not CI's clock.
+RPC_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-pair")
+    make_tiny_pair(root, family="llama")
+    return root
+
+
+@pytest.fixture(scope="session")
+def target(tiny_pair: Path) -> TargetModel:
+    model, _ = load_pair(tiny_pair / "target", None, torch.device("cpu"), torch.float32)
+    return model
+
+
+def greedy_tokens(target: TargetModel, prompt: list[int], max_tokens: int) -> list[int]:
+    """The target's own greedy continuation (the engine's ar mode, no EOS stop)."""
+    request = GenerationRequest(prompt, max_tokens, spec=SpecParams("ar"), ignore_eos=True)
+    return [t for result, _ in generate(target, None, request) for t in result.new_tokens]
+
+
+def make_prompt(target: TargetModel, length: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, target.config.vocab_size, (length,), generator=gen).tolist()
+
+
+@pytest.fixture(scope="session")
+def drafter_port(tiny_pair: Path) -> Iterator[int]:
+    config = DrafterServiceConfig(
+        drafter=str(tiny_pair / "drafter"),
+        target=str(tiny_pair / "target"),
+        host="127.0.0.1",
+        port=0,
+        device="cpu",
+        dtype="float32",
+        max_budget=MAX_BUDGET,
+    )
+    server, port = build_drafter(config)
+    yield port
+    server.stop(None)
+
+
+@dataclass
+class Verifier:
+    port: int
+    channel: grpc.Channel
+    stub: verifier_pb2_grpc.VerifierStub
+
+
+@pytest.fixture(scope="session")
+def verifier(tiny_pair: Path, drafter_port: int) -> Iterator[Verifier]:
+    config = VerifierServiceConfig(
+        target=str(tiny_pair / "target"),
+        drafter_addr=f"127.0.0.1:{drafter_port}",
+        host="127.0.0.1",
+        port=0,
+        device="cpu",
+        dtype="float32",
+        mode="tree",
+        budget=8,
+        max_budget=MAX_BUDGET,
+        max_sessions=MAX_SESSIONS,
+    )
+    server, port = build_verifier(config)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
+    yield Verifier(port, channel, verifier_pb2_grpc.VerifierStub(channel))
+    channel.close()
+    server.stop(None)
+
+
+@pytest.fixture(scope="session")
+def drafter_stub(drafter_port: int) -> Iterator[drafter_pb2_grpc.DrafterStub]:
+    with grpc.insecure_channel(f"127.0.0.1:{drafter_port}", options=CHANNEL_OPTIONS) as channel:
+        yield drafter_pb2_grpc.DrafterStub(channel)
+
+
+@dataclass
+class Generated:
+    tokens: list[int]
+    chunks: list[list[int]]
+    finish_reason: str
+    stats: common_pb2.SpecStats
+
+
+def generate_over_grpc(
+    stub: verifier_pb2_grpc.VerifierStub,
+    prompt: list[int],
+    max_tokens: int,
+    spec: common_pb2.SpecParams | None = None,
+    request_id: str = "",
+) -> Generated:
+    request = verifier_pb2.GenerateRequest(
+        request_id=request_id,
+        prompt_ids=prompt,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        spec=spec,
+        top_logprobs=-1,
+    )
+    chunks, reason, stats = [], "", common_pb2.SpecStats()
+    for response in stub.Generate(request, timeout=RPC_TIMEOUT_S):
+        chunks.append(list(response.token_ids))
+        if response.finish_reason:
+            reason, stats = response.finish_reason, response.stats
+    return Generated([t for c in chunks for t in c], chunks, reason, stats)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(module: str, *args: str) -> subprocess.Popen[bytes]:
+    """`python -m module args` with this interpreter; its log goes to the test's output."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

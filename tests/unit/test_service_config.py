@@ -1,0 +1,58 @@
+"""The services' frozen configs: flags override DDTREE_* environment variables, which
+override the defaults; invalid settings stop the process with a usage error."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_svc.config import parse_config as drafter_config
+from verifier_svc.config import parse_config as verifier_config
+
+
+def test_drafter_config_reads_environment_then_flags() -> None:
+    env = {
+        "DDTREE_DRAFTER": "/m/d",
+        "DDTREE_TARGET": "/m/t",
+        "DDTREE_PORT": "6000",
+        "DDTREE_MAX_SESSIONS": "3",
+    }
+    config = drafter_config(["--port", "0"], env)
+    assert (config.drafter, config.target, config.port, config.max_sessions) == (
+        "/m/d",
+        "/m/t",
+        0,
+        3,
+    )
+
+
+def test_verifier_config_reads_environment_then_flags() -> None:
+    env = {
+        "DDTREE_TARGET": "/m/t",
+        "DDTREE_DRAFTER_ADDR": "drafter:50052",
+        "DDTREE_BUDGET": "15",
+        "DDTREE_MAX_TOPK": "8",
+    }
+    config = verifier_config(["--mode", "linear"], env)
+    assert config.default_spec.mode == "linear" and config.default_spec.budget == 15
+    assert config.default_spec.max_topk == 8 and config.drafter_addr == "drafter:50052"
+    assert verifier_config(["--max-topk", "0"], env).max_topk is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--target", "t"],  # tree mode without a drafter address
+        ["--target", "t", "--mode", "ar", "--budget", "0"],
+        ["--target", "t", "--mode", "ar", "--port", "70000"],
+        ["--target", "t", "--mode", "ar", "--budget", "64", "--max-budget", "32"],
+    ],
+)
+def test_invalid_verifier_settings_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        verifier_config(argv, {})
+    assert exited.value.code == 2
+
+
+def test_missing_checkpoints_are_usage_errors() -> None:
+    with pytest.raises(SystemExit):
+        drafter_config([], {})

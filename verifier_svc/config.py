@@ -1,0 +1,96 @@
+"""The verifier service's one frozen configuration, built from flags whose defaults come
+from environment variables (so compose sets everything through `environment:`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ddtree.engine import MAX_BUDGET, MODES, Mode, SpecParams
+
+
+@dataclass(frozen=True)
+class VerifierServiceConfig:
+    target: str  # target checkpoint dir
+    drafter_addr: str = ""  # HOST:PORT of drafter_svc; "" = no drafter (ar only)
+    host: str = "0.0.0.0"
+    port: int = 50051  # 0 = any free port
+    device: str = "auto"
+    dtype: str = "auto"
+    mode: Mode = "tree"  # server default; a request may override it
+    budget: int = 32
+    max_topk: int | None = None
+    max_budget: int = 256  # largest tree a request (or a Verify client) may send
+    max_model_len: int = 0  # 0 = the target's max_position_embeddings
+    max_sessions: int = 16  # generations + OpenSession sessions holding a KV cache
+    draft_timeout_s: float = 10.0  # per-round wait for the drafter's reply
+    connect_timeout_s: float = 5.0  # drafter GetInfo at start-up and per reconnect try
+    model_id: str = ""  # "" = the target directory's name
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.mode != "ar" and not self.drafter_addr:
+            raise ValueError(f"mode {self.mode!r} needs --drafter-addr (or use --mode ar)")
+        if not 1 <= self.max_budget <= MAX_BUDGET:
+            raise ValueError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
+        if self.max_sessions < 1 or self.max_model_len < 0:
+            raise ValueError("max_sessions must be >= 1 and max_model_len >= 0")
+        if self.draft_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0")
+        try:
+            self.default_spec.validate(self.max_budget)
+        except ValueError as exc:
+            raise ValueError(f"server default spec: {exc}") from exc
+
+    @property
+    def default_spec(self) -> SpecParams:
+        return SpecParams(mode=self.mode, budget=self.budget, max_topk=self.max_topk)
+
+
+def _topk(value: str) -> int | None:
+    """0 (the wire's and the environment's "unset") means no branching cap."""
+    return int(value) or None
+
+
+def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    def get(name: str, default: str) -> str:
+        return env.get(f"DDTREE_{name}", default)
+
+    target = env.get("DDTREE_TARGET")
+    parser.add_argument("--target", default=target, required=not target)
+    parser.add_argument("--drafter-addr", default=get("DRAFTER_ADDR", ""))
+    parser.add_argument("--host", default=get("HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(get("PORT", "50051")))
+    parser.add_argument("--device", default=get("DEVICE", "auto"))
+    parser.add_argument("--dtype", default=get("DTYPE", "auto"))
+    parser.add_argument("--mode", choices=MODES, default=get("MODE", "tree"))
+    parser.add_argument("--budget", type=int, default=int(get("BUDGET", "32")))
+    parser.add_argument(
+        "--max-topk", type=_topk, default=_topk(get("MAX_TOPK", "0")), help="0 = no cap"
+    )
+    parser.add_argument("--max-budget", type=int, default=int(get("MAX_BUDGET", "256")))
+    parser.add_argument("--max-model-len", type=int, default=int(get("MAX_MODEL_LEN", "0")))
+    parser.add_argument("--max-sessions", type=int, default=int(get("MAX_SESSIONS", "16")))
+    parser.add_argument(
+        "--draft-timeout-s", type=float, default=float(get("DRAFT_TIMEOUT_S", "10"))
+    )
+    parser.add_argument(
+        "--connect-timeout-s", type=float, default=float(get("CONNECT_TIMEOUT_S", "5"))
+    )
+    parser.add_argument("--model-id", default=get("MODEL_ID", ""))
+    parser.add_argument("--log-level", default=get("LOG_LEVEL", "info"))
+
+
+def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> VerifierServiceConfig:
+    """Flags override DDTREE_* environment variables, which override the defaults."""
+    parser = argparse.ArgumentParser(prog="python -m verifier_svc", description=__doc__)
+    _add_flags(parser, environ)
+    args = parser.parse_args(argv)
+    try:
+        return VerifierServiceConfig(**vars(args))
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

@@ -1,0 +1,200 @@
+"""The verifier's side of the drafter link: ONE channel and ONE long-lived bidirectional
+Draft stream; each round sends one DraftRequest carrying every active generation's item
+and waits (with a deadline) for the reply of the same round_id.
+
+Any failure (stream error, reply timeout) closes the stream and raises
+`DrafterUnavailable`; the caller falls back to ar for the generations of that round while
+a background thread reconnects with exponential backoff (tenacity). Only UNAVAILABLE and
+DEADLINE_EXCEEDED are retried, and only for GetInfo, which carries no generation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+
+import grpc
+import structlog
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    wait_exponential,
+)
+
+from ddtree.service import CHANNEL_OPTIONS
+from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
+
+log = structlog.get_logger("verifier_svc.drafter_client")
+
+_RETRIED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class DrafterUnavailable(Exception):
+    """The drafter cannot answer this round (down, stream broken, or too slow)."""
+
+
+class _DraftStream:
+    """One Draft call: requests go through a queue, a reader thread queues the replies."""
+
+    def __init__(self, stub: drafter_pb2_grpc.DrafterStub) -> None:
+        self._requests: queue.Queue[drafter_pb2.DraftRequest | None] = queue.Queue()
+        self._replies: queue.Queue[drafter_pb2.DraftResponse | Exception] = queue.Queue()
+        # No deadline on the call itself (it lives as long as the connection); every
+        # round has its own deadline in `exchange`.
+        self._call = stub.Draft(iter(self._requests.get, None))
+        threading.Thread(target=self._read, name="draft-stream-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(DrafterUnavailable("the drafter closed the Draft stream"))
+        except grpc.RpcError as exc:
+            self._replies.put(DrafterUnavailable(f"Draft stream failed: {exc.code().name}"))
+
+    def send(self, request: drafter_pb2.DraftRequest) -> None:
+        self._requests.put(request)
+
+    def exchange(
+        self, request: drafter_pb2.DraftRequest, timeout_s: float
+    ) -> drafter_pb2.DraftResponse:
+        """Sends `request`, returns the reply with its round_id (older replies are skipped)."""
+        self.send(request)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s") from None
+            if isinstance(reply, Exception):
+                raise reply
+            if reply.round_id == request.round_id:
+                return reply
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
+class DrafterClient:
+    """Owns the drafter channel; `draft` is called from the verifier's engine thread only."""
+
+    def __init__(self, address: str, round_timeout_s: float, connect_timeout_s: float) -> None:
+        self.address = address
+        self.round_timeout_s = round_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        self._round_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stream: _DraftStream | None = None
+        self._info: drafter_pb2.DrafterInfo | None = None
+        self._closed = threading.Event()
+        self._reconnecting = False
+
+    @property
+    def info(self) -> drafter_pb2.DrafterInfo | None:
+        """The connected drafter's info; None while disconnected."""
+        with self._lock:
+            return self._info if self._stream is not None else None
+
+    def connect(self, wait: bool) -> None:
+        """Connects now (`wait`: block until connected or the first backoff window ends)."""
+        with self._lock:
+            if self._stream is not None or self._reconnecting:
+                return
+            self._reconnecting = True
+        thread = threading.Thread(target=self._reconnect, name="drafter-reconnect", daemon=True)
+        thread.start()
+        if wait:
+            thread.join(timeout=self.connect_timeout_s)
+
+    def _reconnect(self) -> None:
+        retrying = Retrying(
+            retry=retry_if_exception(
+                lambda exc: isinstance(exc, grpc.RpcError) and exc.code() in _RETRIED_CODES
+            ),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            stop=lambda _state: self._closed.is_set(),
+            sleep=self._sleep,
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        try:
+            info = retrying(
+                self._stub.GetInfo,
+                drafter_pb2.DrafterInfoRequest(),
+                timeout=self.connect_timeout_s,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as exc:
+            log.error("drafter_connect_failed", address=self.address, code=exc.code().name)
+            with self._lock:
+                self._reconnecting = False
+            return
+        stream = _DraftStream(self._stub)
+        with self._lock:
+            self._stream, self._info, self._reconnecting = stream, info, False
+        log.info(
+            "drafter_connected",
+            address=self.address,
+            drafter=info.drafter_id,
+            block_size=info.block_size,
+        )
+
+    def _sleep(self, seconds: float) -> None:
+        """Backoff that `close` cuts short."""
+        self._closed.wait(seconds)
+
+    def release(self, session_ids: list[str]) -> None:
+        """Frees the sessions' draft KV; the stream is ordered, so this lands before the
+        next round. Without a stream there is nothing to free: the drafter drops a stream's
+        sessions when the stream ends."""
+        with self._lock:
+            stream = self._stream
+        if stream is not None and session_ids:
+            stream.send(
+                drafter_pb2.DraftRequest(
+                    round_id=next(self._round_ids), release_sessions=session_ids
+                )
+            )
+
+    def draft(self, items: list[drafter_pb2.DraftItem]) -> dict[str, drafter_pb2.DraftResult]:
+        """One round: all `items` in one request -> results by session id."""
+        with self._lock:
+            stream = self._stream
+        if stream is None:
+            raise DrafterUnavailable("not connected to the drafter")
+        request = drafter_pb2.DraftRequest(round_id=next(self._round_ids), items=items)
+        try:
+            reply = stream.exchange(request, self.round_timeout_s)
+        except DrafterUnavailable as exc:
+            self._on_failure(stream, str(exc))
+            raise
+        return {result.session_id: result for result in reply.results}
+
+    def _on_failure(self, stream: _DraftStream, reason: str) -> None:
+        log.warning("drafter_lost", address=self.address, reason=reason)
+        stream.close()
+        with self._lock:
+            if self._stream is stream:
+                self._stream, self._info = None, None
+        if not self._closed.is_set():
+            self.connect(wait=False)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+        self._channel.close()
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    code = exc.code().name if isinstance(exc, grpc.RpcError) else repr(exc)
+    log.info("drafter_connect_retry", attempt=state.attempt_number, code=code)

@@ -1,0 +1,142 @@
+"""The Verifier gRPC servicer: converts messages, delegates to the scheduler (generations)
+or to the client sessions (run on the engine thread); errors map in verifier_svc/status.py."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import grpc
+import structlog
+
+from ddtree import codec
+from ddtree.engine import GenerationRequest, RoundResult
+from ddtree.stats import GenerationStats
+from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
+from verifier_svc.config import VerifierServiceConfig
+from verifier_svc.scheduler import Scheduler
+from verifier_svc.sessions import ClientSessions
+from verifier_svc.status import streaming, unary
+
+log = structlog.get_logger("verifier_svc")
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    def __init__(
+        self,
+        config: VerifierServiceConfig,
+        scheduler: Scheduler,
+        sessions: ClientSessions,
+        model_info: verifier_pb2.ModelInfo,
+    ) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.sessions = sessions
+        self.model_info = model_info  # static part; drafter fields are filled per call
+
+    @streaming
+    def Generate(
+        self, request: verifier_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[verifier_pb2.GenerateResponse]:
+        request_id = request.request_id or uuid.uuid4().hex
+        generation = self.scheduler.submit(request_id, self._generation_request(request))
+        # Client gone (cancelled, deadline, disconnect): free the KV within one round.
+        context.add_callback(lambda: self.scheduler.cancel(generation))
+        log.info(
+            "generate_started",
+            request_id=request_id,
+            mode=generation.request.spec.mode,
+            num_prompt_tokens=len(request.prompt_ids),
+        )
+        for result in generation.results(context.is_active):
+            yield self._response(result, generation.stats)
+        log.info("generate_finished", request_id=request_id, active=context.is_active())
+
+    def _generation_request(self, msg: verifier_pb2.GenerateRequest) -> GenerationRequest:
+        max_tokens = msg.max_tokens or max(1, self.model_info.max_model_len - len(msg.prompt_ids))
+        return GenerationRequest(
+            prompt_ids=list(msg.prompt_ids),
+            max_tokens=max_tokens,
+            sampling=codec.sampling_from_proto(msg.sampling),
+            spec=codec.spec_from_proto(msg.spec, self.config.default_spec, self.config.max_budget),
+            stop_token_ids=tuple(msg.stop_token_ids),
+            ignore_eos=msg.ignore_eos,
+            top_logprobs=msg.top_logprobs,
+        )
+
+    @staticmethod
+    def _response(
+        result: RoundResult, stats: GenerationStats | None
+    ) -> verifier_pb2.GenerateResponse:
+        response = verifier_pb2.GenerateResponse(
+            token_ids=result.new_tokens, finish_reason=result.finish_reason or ""
+        )
+        if result.logprobs is not None:
+            response.logprobs.extend(codec.logprobs_to_proto(result.logprobs))
+        if result.finished and stats is not None:
+            response.stats.CopyFrom(codec.stats_to_proto(stats))
+        return response
+
+    @unary
+    def Abort(
+        self, request: verifier_pb2.AbortRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.AbortResponse:
+        found = self.scheduler.abort(request.request_id)
+        log.info("abort", request_id=request.request_id, found=found)
+        return verifier_pb2.AbortResponse(found=found)
+
+    @unary
+    def GetModelInfo(
+        self, request: verifier_pb2.ModelInfoRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.ModelInfo:
+        info = verifier_pb2.ModelInfo()
+        info.CopyFrom(self.model_info)
+        drafter = self.scheduler.drafter.info if self.scheduler.drafter is not None else None
+        info.drafter_connected = drafter is not None
+        info.block_size = drafter.block_size if drafter is not None else 0
+        return info
+
+    @unary
+    def OpenSession(
+        self, request: verifier_pb2.OpenSessionRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.OpenSessionResponse:
+        sampling = codec.sampling_from_proto(request.sampling)
+        session_id, session, result = self.scheduler.call(
+            lambda: self.sessions.open(list(request.prompt_ids), sampling, request.return_features)
+        )
+        response = verifier_pb2.OpenSessionResponse(
+            session_id=session_id,
+            bonus_token=session.bonus_token,
+            committed_len=session.committed_len,
+        )
+        if request.return_features and result.features is not None:
+            response.features.CopyFrom(codec.tensor_to_proto(result.features[0]))  # (P, k*H)
+        log.info("session_opened", session_id=session_id, num_prompt_tokens=len(request.prompt_ids))
+        return response
+
+    @unary
+    def Verify(
+        self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.VerifyResponse:
+        outcome = self.scheduler.call(
+            lambda: self.sessions.verify(
+                request.session_id, request.tree, request.committed_len, request.return_features
+            )
+        )
+        response = verifier_pb2.VerifyResponse(
+            accepted_path=outcome.accepted_path,
+            committed_tokens=outcome.committed_tokens,
+            bonus_token=outcome.bonus_token,
+            committed_len=outcome.committed_len,
+        )
+        if outcome.features is not None:
+            response.features.CopyFrom(codec.tensor_to_proto(outcome.features[0]))  # (A, k*H)
+        return response
+
+    @unary
+    def CloseSession(
+        self, request: verifier_pb2.CloseSessionRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.CloseSessionResponse:
+        found = self.sessions.close(request.session_id)
+        log.info("session_closed", session_id=request.session_id, found=found)
+        return verifier_pb2.CloseSessionResponse(found=found)
