@@ -11,7 +11,7 @@ the walk result is fetched in ONE transfer, and stage timers are read after it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import torch
@@ -87,6 +87,8 @@ class RoundResult:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | None
     logprobs: list[TokenLogprob] | None = None
+    path: list[int] = field(default_factory=list)  # accepted node indices, root first
+    committed_tokens: list[int] = field(default_factory=list)  # the path's tokens (in the KV)
 
 
 def _stop_set(request: GenerationRequest, eos_token_ids: Sequence[int]) -> frozenset[int]:
@@ -155,7 +157,9 @@ class VerifySession:
         self.cache_lens += num_prompt
         self.committed_len = num_prompt
         self.timer.mark("prefill")
-        logprobs = self._logprobs(out.logits[0, -1:], first) if self.request.top_logprobs >= 0 else None
+        logprobs = None
+        if self.request.top_logprobs >= 0:
+            logprobs = self._logprobs(out.logits[0, -1:], first)
         self.bonus_token = int(first.item())
         self.timer.flush(self.stats)
         return self._emit([self.bonus_token], out.features, 1, logprobs)
@@ -193,6 +197,7 @@ class VerifySession:
         accepted = fetched[0]
         width = result.path.shape[1]
         path = result.path[:, :accepted]  # (1, A)
+        path_nodes = fetched[2: 2 + accepted]
         tokens = fetched[2 + width: 2 + width + accepted]
         self.cache.compact(self.committed_len, path)
         self.cache_lens += accepted
@@ -206,7 +211,9 @@ class VerifySession:
         if self.request.top_logprobs >= 0:
             chosen = torch.tensor(tokens[1:] + [self.bonus_token], device=self.device)
             logprobs = self._logprobs(out.logits[0].index_select(0, path[0]), chosen)
-        return self._emit(tokens[1:] + [self.bonus_token], features, accepted, logprobs)
+        result = self._emit(tokens[1:] + [self.bonus_token], features, accepted, logprobs)
+        result.path, result.committed_tokens = path_nodes, tokens
+        return result
 
     def _logprobs(self, logits: Tensor, chosen: Tensor) -> list[TokenLogprob]:
         """logits (A, V) at the nodes that predicted `chosen` (A,) -> the target's logprobs."""

@@ -82,22 +82,6 @@ def checked_tree(
     )
 
 
-def accepted_path(tree_tokens: list[int], parents: list[int], accepted: list[int]) -> list[int]:
-    """Node indices of the committed path: from the root, the child holding each accepted
-    token in turn (unique: validate_tree rules out twin siblings)."""
-    path = [0]
-    for token in accepted:
-        node = path[-1]
-        path.append(
-            next(
-                i
-                for i in range(node + 1, len(parents))
-                if parents[i] == node and tree_tokens[i] == token
-            )
-        )
-    return path
-
-
 @dataclass
 class VerifyOutcome:
     accepted_path: list[int]  # node indices, root first
@@ -188,19 +172,15 @@ class ClientSessions:
             )
         tree = checked_tree(msg, session, self.max_budget)
         num_rows = tree.tokens.shape[1]
-        # Keep one row of room past the tree so the engine never trims the round's tokens
-        # at max_tokens (the path is read back from them).
         if session.committed_len + num_rows + 1 > self.max_model_len:
             raise InvalidArgumentError(
                 f"a tree of {num_rows} rows does not fit: the session holds "
                 f"{session.committed_len} of max_model_len {self.max_model_len} tokens"
             )
         result = session.verify(tree)
-        drafted = result.new_tokens[: result.acceptance_length - 1]
-        path = accepted_path(msg.tokens[:], msg.parents[:], drafted)
         return VerifyOutcome(
-            accepted_path=path,
-            committed_tokens=[int(msg.tokens[i]) for i in path],
+            accepted_path=result.path,
+            committed_tokens=result.committed_tokens,
             bonus_token=session.bonus_token,
             committed_len=session.committed_len,
             features=result.features if return_features else None,
