@@ -1,0 +1,91 @@
+"""The gateway's one frozen configuration, built from flags whose defaults come from
+DDTREE_* environment variables (so compose sets everything through `environment:`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Granularity = Literal["round", "token"]
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
+ReasoningSetting = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    verifier_addr: str  # HOST:PORT of verifier_svc
+    tokenizer: str  # dir holding the target's tokenizer and chat template
+    host: str = "0.0.0.0"
+    port: int = 8000
+    model_name: str = ""  # the id clients send as `model`; "" = the tokenizer dir's name
+    # "round": one SSE event per verify round (several tokens); "token": one per token, for
+    # benchmark tools that count chunks. A request may override it (`ddtree.stream_granularity`).
+    stream_granularity: Granularity = "round"
+    max_n: int = 16  # largest `n` (x prompts) one request may ask for
+    request_timeout_s: float = 600.0  # deadline of one Generate call
+    rpc_timeout_s: float = 5.0  # deadline of Abort, GetModelInfo and health checks
+    retry_attempts: int = 3  # Generate tries while the verifier answers UNAVAILABLE
+    # "auto": split <think>...</think> when the tokenizer has both tags as tokens.
+    reasoning: ReasoningSetting = "auto"
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.verifier_addr or ":" not in self.verifier_addr:
+            raise ValueError(f"verifier_addr must be HOST:PORT, got {self.verifier_addr!r}")
+        if not self.tokenizer:
+            raise ValueError("a tokenizer directory is required (--target or --tokenizer)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.stream_granularity not in GRANULARITIES:
+            raise ValueError(f"stream_granularity must be one of {GRANULARITIES}")
+        if self.reasoning not in ("auto", "on", "off"):
+            raise ValueError(f"reasoning must be auto, on or off, got {self.reasoning!r}")
+        if self.max_n < 1 or self.retry_attempts < 1:
+            raise ValueError("max_n and retry_attempts must be >= 1")
+        if self.request_timeout_s <= 0 or self.rpc_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0")
+
+
+def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    def get(name: str, default: str) -> str:
+        return env.get(f"DDTREE_{name}", default)
+
+    addr = env.get("DDTREE_VERIFIER_ADDR")
+    parser.add_argument("--verifier-addr", default=addr, required=not addr)
+    parser.add_argument("--target", default=get("TARGET", ""), help="target checkpoint dir")
+    parser.add_argument(
+        "--tokenizer", default=get("TOKENIZER", ""), help="tokenizer dir (default: --target)"
+    )
+    parser.add_argument("--host", default=get("HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(get("PORT", "8000")))
+    model_name = get("MODEL_NAME", get("MODEL_ID", ""))
+    parser.add_argument("--model-name", default=model_name)
+    parser.add_argument(
+        "--stream-granularity", choices=GRANULARITIES, default=get("STREAM_GRANULARITY", "round")
+    )
+    parser.add_argument("--max-n", type=int, default=int(get("MAX_N", "16")))
+    parser.add_argument(
+        "--request-timeout-s", type=float, default=float(get("REQUEST_TIMEOUT_S", "600"))
+    )
+    parser.add_argument("--rpc-timeout-s", type=float, default=float(get("RPC_TIMEOUT_S", "5")))
+    parser.add_argument("--retry-attempts", type=int, default=int(get("RETRY_ATTEMPTS", "3")))
+    parser.add_argument(
+        "--reasoning", choices=("auto", "on", "off"), default=get("REASONING", "auto")
+    )
+    parser.add_argument("--log-level", default=get("LOG_LEVEL", "info"))
+
+
+def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> GatewayConfig:
+    """Flags override DDTREE_* environment variables, which override the defaults."""
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    _add_flags(parser, environ)
+    args = vars(parser.parse_args(argv))
+    target = args.pop("target")
+    args["tokenizer"] = args["tokenizer"] or target
+    try:
+        return GatewayConfig(**args)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

@@ -1,0 +1,233 @@
+"""One choice, end to end on the gateway's side: the verifier's committed tokens ->
+UTF-8-safe text -> stop strings -> reasoning / content split -> events (`ChoiceDelta`)
+plus the accumulated `ChoiceResult`. `merge` interleaves the events of several choices.
+
+Tokens are pushed through the detokenizer and the stop matcher one at a time, so the token
+that completes a stop string is known exactly: the output, `completion_tokens` and the
+logprobs all end there, and the verifier generation is aborted (it may have run ahead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddtree.v1 import common_pb2, verifier_pb2
+from gateway.detokenize import IncrementalDetokenizer
+from gateway.errors import APIError
+from gateway.metrics import Metrics
+from gateway.params import OutputOptions
+from gateway.reasoning import ReasoningSplitter, Split
+from gateway.stops import StopMatcher
+from gateway.verifier_client import VerifierClient
+
+
+@dataclass
+class ChoiceDelta:
+    """What one event carries for one choice."""
+
+    index: int
+    content: str = ""
+    reasoning: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[verifier_pb2.TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def extend(self, other: ChoiceDelta) -> None:
+        self.content += other.content
+        self.reasoning += other.reasoning
+        self.token_ids += other.token_ids
+        self.logprobs += other.logprobs
+        self.finish_reason = other.finish_reason or self.finish_reason
+
+
+@dataclass
+class ChoiceResult(ChoiceDelta):
+    """The whole choice once finished, with the verifier's speculation stats."""
+
+    num_prompt_tokens: int = 0
+    stats: common_pb2.SpecStats | None = None
+
+
+class ChoiceRun:
+    def __init__(
+        self,
+        index: int,
+        request: verifier_pb2.GenerateRequest,
+        client: VerifierClient,
+        tokenizer: Any,
+        output: OutputOptions,
+        metrics: Metrics,
+        started_at: float,
+    ) -> None:
+        self.request, self.client, self.output = request, client, output
+        self.metrics, self.started_at = metrics, started_at
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer, request.prompt_ids, output.skip_special_tokens
+        )
+        self.stops = StopMatcher(output.stops, output.include_stop_str)
+        self.splitter = (
+            ReasoningSplitter(output.starts_in_reasoning) if output.is_reasoning else None
+        )
+        self.result = ChoiceResult(index, num_prompt_tokens=len(request.prompt_ids))
+        self.round_sizes: list[int] = []  # tokens per verifier message (stats fallback)
+        self._last_at: float | None = None
+        self._gaps: list[tuple[float, int]] = []
+        self._ttft_s: float | None = None
+
+    async def deltas(self) -> AsyncGenerator[ChoiceDelta, None]:
+        """The choice's events until it finishes; closing early aborts the generation."""
+        self.metrics.running.labels(self.metrics.model_name).inc()
+        try:
+            async with aclosing(self.client.generate(self.request)) as messages:
+                async for message in messages:
+                    self._time(len(message.token_ids))
+                    for delta in self.consume(message):
+                        yield delta
+                    if self.result.finish_reason is not None:
+                        if message.HasField("stats"):
+                            self.result.stats = message.stats
+                        break
+                else:
+                    raise APIError(502, "the verifier's stream ended without a finish reason")
+        finally:
+            self.metrics.running.labels(self.metrics.model_name).dec()
+            self._record()
+
+    async def collect(self) -> ChoiceResult:
+        async for _ in self.deltas():
+            pass
+        return self.result
+
+    def consume(self, message: verifier_pb2.GenerateResponse) -> list[ChoiceDelta]:
+        """One verifier message -> one delta per token (the caller may merge them)."""
+        index, deltas = self.result.index, []
+        self.round_sizes.append(len(message.token_ids))
+        for i, token in enumerate(message.token_ids):
+            text, is_stop = self.stops.feed(self.detokenizer.push([token]))
+            delta = ChoiceDelta(index, token_ids=[token], logprobs=list(message.logprobs[i:i + 1]))
+            self._add_text(delta, text)
+            deltas.append(delta)
+            if is_stop:
+                self._add_text(delta, "", is_last=True)
+                delta.finish_reason = "stop"
+                return self._granular(self._accumulate(deltas))
+        if message.finish_reason:
+            last = ChoiceDelta(index) if not deltas else deltas[-1]
+            if not deltas:
+                deltas.append(last)
+            text, is_stop = self.stops.feed(self.detokenizer.flush())
+            self._add_text(last, text + ("" if is_stop else self.stops.flush()), is_last=True)
+            last.finish_reason = "stop" if is_stop else message.finish_reason
+        return self._granular(self._accumulate(deltas))
+
+    def _accumulate(self, deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:
+        for delta in deltas:
+            self.result.extend(delta)
+        return deltas
+
+    def _granular(self, deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:
+        """Token granularity: every token is an event, even one whose text is still held
+        back (tools count events as tokens). Round granularity: one event per message,
+        none when it has nothing to show."""
+        if self.output.granularity == "token" or not deltas:
+            return deltas
+        merged = deltas[0]
+        for delta in deltas[1:]:
+            merged.extend(delta)
+        is_empty = not (merged.content or merged.reasoning or merged.finish_reason)
+        if is_empty and not (self.output.is_logprobs or self.output.return_token_ids):
+            return []
+        return [merged]
+
+    def _add_text(self, delta: ChoiceDelta, text: str, is_last: bool = False) -> None:
+        if self.splitter is None:
+            delta.content += text
+            return
+        split = self.splitter.feed(text)
+        if is_last:
+            rest = self.splitter.flush()
+            split = Split(split.reasoning + rest.reasoning, split.content + rest.content)
+        delta.content += split.content
+        delta.reasoning += split.reasoning
+
+    def _time(self, num_tokens: int) -> None:
+        now = time.perf_counter()
+        if num_tokens and self._ttft_s is None:
+            self._ttft_s = now - self.started_at
+        elif num_tokens and self._last_at is not None:
+            self._gaps.append((now - self._last_at, num_tokens))
+        if num_tokens:
+            self._last_at = now
+
+    def _record(self) -> None:
+        result = self.result
+        if result.stats is None:
+            result.stats = fallback_stats(self.request, self.round_sizes)
+        result.stats.num_completion_tokens = len(result.token_ids)
+        self.metrics.observe_tokens(self._ttft_s, self._gaps)
+        self.metrics.observe_choice(result.finish_reason or "", result.num_prompt_tokens,
+                                    len(result.token_ids), time.perf_counter() - self.started_at)
+        self.metrics.observe_stats(result.stats)
+
+
+def fallback_stats(
+    request: verifier_pb2.GenerateRequest, round_sizes: Sequence[int]
+) -> common_pb2.SpecStats:
+    """Stats of a generation the gateway ended (stop string, client gone), rebuilt from
+    the sizes of its messages: the verifier sends its own only with the last message."""
+    rounds = list(round_sizes[1:])  # the first message is the prefill's one token
+    histogram = [0] * (max(rounds, default=0) + 1)
+    for size in rounds:
+        histogram[size] += 1
+    mode = common_pb2.Mode.Name(request.spec.mode).removeprefix("MODE_").lower()
+    return common_pb2.SpecStats(
+        mode="" if mode == "unspecified" else mode,
+        budget=request.spec.budget,
+        num_rounds=len(rounds),
+        mean_acceptance_length=sum(rounds) / len(rounds) if rounds else 0.0,
+        acceptance_histogram=histogram,
+        num_accepted_draft_tokens=sum(max(0, s - 1) for s in rounds),
+        num_prompt_tokens=len(request.prompt_ids),
+    )
+
+
+async def merge(
+    streams: Sequence[AsyncGenerator[ChoiceDelta, None]],
+) -> AsyncGenerator[ChoiceDelta, None]:
+    """Interleaves several choices' events as they come; the first error cancels all."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for delta in only:
+                yield delta
+        return
+    queue: asyncio.Queue[ChoiceDelta | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncGenerator[ChoiceDelta, None]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put(delta)
+            await queue.put(None)
+        except Exception as exc:  # handed to the consumer, who maps it
+            await queue.put(exc)
+        finally:
+            await stream.aclose()  # a cancelled pump still aborts its generation
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()  # each stream's own cleanup aborts its generation

@@ -1,0 +1,1 @@
+"""HTTP routes: each converts the request and delegates (to params + dispatch)."""

@@ -1,0 +1,115 @@
+"""Request bodies of the OpenAI API as pydantic models (shapes and ranges only).
+
+Every model forbids unknown fields, so a misspelled or unsupported parameter is a 400 that
+names it instead of being silently ignored. OpenAI parameters we do not implement are
+declared here (typed `Any`) and rejected with a reason in `gateway/params.py` unless they
+carry their neutral value (e.g. `presence_penalty: 0`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.config import Granularity
+
+Mode = Literal["ar", "linear", "tree", "shadow"]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DDTreeOptions(Strict):
+    """The per-request extension `ddtree: {...}`: speculation and streaming knobs."""
+
+    mode: Mode | None = None  # None = the verifier's default
+    budget: Annotated[int, Field(ge=1)] | None = None
+    max_topk: Annotated[int, Field(ge=1)] | None = None
+    stream_granularity: Granularity | None = None  # None = the gateway's default
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(Strict):
+    """What chat and completions requests share."""
+
+    model: str | None = None  # None = the one served model
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 and 0 both mean off
+    seed: NonNegInt | None = None
+    n: Annotated[int, Field(ge=1)] = 1
+    stop: str | list[str] | None = None
+    stop_token_ids: list[NonNegInt] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = False  # vLLM's extension: token ids on the response
+    ddtree: DDTreeOptions | None = None
+    user: str | None = None  # metadata only
+    # Declared only to be rejected with a reason unless neutral (see gateway/params.py).
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    min_p: Any = None
+    min_tokens: Any = None
+    best_of: Any = None
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+
+class ChatMessage(BaseModel):
+    # Extra keys (name, reasoning_content, tool_call_id...) travel to the chat template.
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Parts are checked (text only) in gateway/params.py, which names the bad one.
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # Declared only to be rejected with a reason unless neutral.
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    reasoning_effort: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    echo: Any = None
+
+
+TokenIds = list[NonNegInt]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Any = None
+    suffix: Any = None

@@ -1,0 +1,88 @@
+"""What surrounds the generations: /health, /metrics, a client that disconnects mid-stream
+(its generation is aborted on the verifier), and token equality with `ddtree generate`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import openai
+
+from ddtree.engine import MODES
+
+LONG = 600  # tokens: far more than the stream lives before the client leaves
+
+
+def test_health_is_200_when_the_verifier_serves(stack: Any) -> None:
+    reply = httpx.get(f"{stack.base_url}/health")
+    assert reply.status_code == 200 and reply.json()["status"] == "ok"
+
+
+def test_metrics_expose_speculation_counters_and_latencies(
+    client: openai.OpenAI, stack: Any
+) -> None:
+    client.completions.create(model="tiny-target", prompt="Hello", max_tokens=8,
+                              temperature=0, extra_body={"ddtree": {"mode": "linear"}})
+    text = httpx.get(f"{stack.base_url}/metrics").text
+    for name in ("ddtree:spec_decode_num_drafts_total", "ddtree:spec_decode_num_draft_tokens_total",
+                 "ddtree:spec_decode_num_accepted_tokens_total", "ddtree:spec_accept_length",
+                 "ddtree:time_to_first_token_seconds_bucket",
+                 "ddtree:inter_token_latency_seconds_bucket",
+                 "ddtree:e2e_request_latency_seconds_bucket",
+                 'ddtree:spec_round_stage_seconds_bucket{le="0.0001",model_name="tiny-target",'
+                 'stage="verify"}'):
+        assert name in text, name
+
+
+def wait_for(condition: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)  # polling a log file
+
+
+def test_client_disconnect_aborts_the_generation_on_the_verifier(stack: Any) -> None:
+    body = {"model": "tiny-target", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": LONG, "temperature": 0, "stream": True, "ignore_eos": True,
+            "ddtree": {"mode": "ar", "stream_granularity": "token"}}
+    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=body,
+                      headers={"x-request-id": "e2e-gone"}, timeout=60.0) as reply:
+        assert next(reply.iter_lines()).startswith("data: ")
+    # The gateway sends Abort (the verifier logs it) ...
+    wait_for(lambda: stack.verifier_events("abort", "e2e-gone"))
+    # ... and the id is free again: a running generation would make this a 400.
+    retry = {**body, "stream": False, "max_tokens": 2}
+
+    def accepted() -> bool:
+        reply = httpx.post(f"{stack.base_url}/v1/chat/completions", json=retry,
+                           headers={"x-request-id": "e2e-gone"}, timeout=60.0)
+        assert reply.status_code in (200, 400), reply.text
+        return reply.status_code == 200
+
+    wait_for(accepted)
+    finished = stack.verifier_events("generate_finished", "e2e-gone")
+    # Only the retry ran to its end (a cancelled stream may log active=false).
+    assert [r["active"] for r in finished if r["active"]] == [True]
+
+
+def test_greedy_chat_equals_ddtree_generate_in_ar_mode(
+    client: openai.OpenAI, stack: Any
+) -> None:
+    assert "ar" in MODES
+    message = "What is the capital of France?"
+    cli = subprocess.run(
+        [sys.executable, "-m", "ddtree.cli", "generate", "--mode", "ar", "--target",
+         str(stack.pair / "target"), "--device", "cpu", "--dtype", "float32", "--chat",
+         message, "--max-tokens", "24", "--json"],
+        capture_output=True, text=True, timeout=300, check=True)
+    expected = json.loads(cli.stdout.strip().splitlines()[-1])
+    reply = client.chat.completions.create(
+        model="tiny-target", messages=[{"role": "user", "content": message}], max_tokens=24,
+        temperature=0, extra_body={"return_token_ids": True})  # tree mode, EOS honoured
+    assert reply.choices[0].model_extra["token_ids"] == expected["token_ids"]
+    assert reply.choices[0].message.content == expected["text"]
+    assert reply.choices[0].finish_reason == expected["finish_reason"]
