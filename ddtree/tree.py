@@ -1,0 +1,347 @@
+"""Draft trees (docs/ALGORITHMS.md section 3): the DDTree construction, the linear chain,
+the ancestor-only attention mask, and the validation of trees that come over the wire.
+
+`build_tree` returns the `budget` most probable draft prefixes without a heap and without a
+host sync: a beam of width `N` over depths, then one top-`N` over the union of all depths.
+Every shape depends only on (B, L, V, N, max_topk), so the function can be captured in a
+CUDA graph. tests/unit/heap_reference.py holds the best-first heap it must agree with.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ddtree.errors import InvalidArgumentError, TreeValidationError
+
+_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """A batch of draft trees; node 0 is the root (the bonus token).
+
+    tokens, parents, depth: (B, 1+N) int64 with parents[:, 0] = -1, depth[:, 0] = 0 and
+    parents[b, i] < i. Children of a node appear by decreasing draft probability, so its
+    lowest-index child is its rank-0 child.
+    scores: (B, 1+N) float32 draft log-probability of each node's prefix (root 0), or None
+    when the tree was not built here (a chain, a tree from the wire).
+    """
+
+    tokens: Tensor
+    parents: Tensor
+    depth: Tensor
+    scores: Tensor | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        """N: the number of nodes besides the root."""
+        return self.tokens.shape[1] - 1
+
+
+# ---------------------------------------------------------------------------- DDTree
+
+
+def build_tree(
+    draft_logits: Tensor, bonus: Tensor, budget: int, max_topk: int | None = None
+) -> DraftTree:
+    """The `budget` most probable prefixes under the drafter's factorised distribution.
+
+    draft_logits: (B, L, V) logits of draft positions 1..L; bonus: (B,) root tokens.
+    Returns N = budget nodes per row, ordered by decreasing prefix log-probability; ties go
+    to the shallower prefix (a child whose token has probability 1 ties its parent), then to
+    the earlier beam position. Only the top K = min(N, V, max_topk) tokens of each depth are
+    used. No host sync; raises InvalidArgumentError when the budget cannot be met.
+    """
+    batch, num_levels, vocab = draft_logits.shape
+    assert bonus.shape == (batch,), f"bonus {tuple(bonus.shape)}, expected ({batch},)"
+    num_ranks = _check_budget(budget, max_topk, num_levels, vocab)
+    logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
+    rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K) most probable first
+    rank_logp = logp.gather(-1, rank_tokens)  # (B, L, K)
+    widths = _beam_widths(budget, num_ranks, num_levels)
+    scores, tokens, parents, depth = _beam_union(rank_logp, rank_tokens, widths)  # (B, U) ...
+    node_scores, pick = _top_sorted(scores, budget)  # (B, N): by score, depth, beam position
+    return _assemble(bonus, pick, node_scores, tokens, parents, depth)
+
+
+def _beam_union(
+    rank_logp: Tensor, rank_tokens: Tensor, widths: tuple[int, ...]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The beams of all depths, concatenated depth-major (the "union", U = sum of widths).
+
+    rank_logp, rank_tokens: (B, L, K). Returns per union entry its score (B, U), token
+    (B, U), parent's union index (B, U; depth-1 entries point at the extra index U, which
+    stands for the root) and depth (U,).
+    """
+    scores = torch.zeros(rank_logp.shape[0], 1, device=rank_logp.device)  # (B, 1): the root
+    level_scores, level_parents, level_ranks = [], [], []
+    for level, width in enumerate(widths):
+        scores, parent_pos, rank = _beam_step(scores, rank_logp[:, level], width)  # (B, W_d)
+        level_scores.append(scores)
+        level_parents.append(parent_pos)
+        level_ranks.append(rank)
+    # Everything that does not feed the next depth is done once, over the whole union.
+    rank_offset, parent_start, depth = _union_layout(widths, rank_logp.shape[2], rank_logp.device)
+    tokens = rank_tokens.flatten(1).gather(1, torch.cat(level_ranks, dim=1) + rank_offset)
+    parents = torch.cat(level_parents, dim=1) + parent_start
+    return torch.cat(level_scores, dim=1), tokens, parents, depth
+
+
+@functools.lru_cache(maxsize=256)
+def _union_layout(
+    widths: tuple[int, ...], num_ranks: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per union entry (U,): the offset of its depth in (L*K) rank_tokens, the union index
+    where its parents' depth starts (the root's extra slot U for depth 1), and its depth.
+    Built on the device (safe inside a CUDA-graph capture) and cached: shapes only."""
+    starts = [0, *itertools.accumulate(widths)]  # union index of each depth's first entry
+
+    def per_entry(values: list[int]) -> Tensor:
+        return torch.cat([torch.full((width,), value, device=device)
+                          for width, value in zip(widths, values, strict=True)])
+
+    levels = range(len(widths))
+    return (per_entry([level * num_ranks for level in levels]),
+            per_entry([starts[level - 1] if level else starts[-1] for level in levels]),
+            per_entry([level + 1 for level in levels]))
+
+
+def _check_budget(budget: int, max_topk: int | None, num_levels: int, vocab: int) -> int:
+    """Validates the request's budget / max_topk (Python ints only); returns K."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise InvalidArgumentError(f"budget must be an integer >= 1, got {budget!r}")
+    if max_topk is not None and (
+        isinstance(max_topk, bool) or not isinstance(max_topk, int) or max_topk < 1
+    ):
+        raise InvalidArgumentError(f"max_topk must be None or an integer >= 1, got {max_topk!r}")
+    num_ranks = min(budget, vocab, budget if max_topk is None else max_topk)
+    available = sum(_beam_widths(budget, num_ranks, num_levels))
+    if available < budget:
+        # Widths are capped at the budget, so here no cap was hit: `available` is exact.
+        raise InvalidArgumentError(
+            f"budget {budget} exceeds the {available} distinct draft prefixes of depth <= "
+            f"{num_levels} with the top {num_ranks} tokens per depth"
+        )
+    return num_ranks
+
+
+@functools.lru_cache(maxsize=256)
+def _beam_widths(budget: int, num_ranks: int, num_levels: int) -> tuple[int, ...]:
+    """Beam width per depth: min(N, K^d), computed without ever forming a huge power."""
+    widths, width = [], 1
+    for _ in range(num_levels):
+        width = min(budget, width * num_ranks)
+        widths.append(width)
+    return tuple(widths)
+
+
+def _beam_step(prev_scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Extends the beam (B, W) of sorted prefix scores by one depth with logp (B, K).
+
+    Returns the new beam's scores (B, width), each entry's parent position and token rank.
+    """
+    batch, num_parents = prev_scores.shape
+    if num_parents == 1:
+        # Depth 1: the root's extensions are the ranks themselves, already in beam order.
+        rank = torch.arange(width, device=logp.device).expand(batch, width)
+        return prev_scores + logp[:, :width], torch.zeros_like(rank), rank
+    parent_pos, rank = _candidate_pairs(num_parents, logp.shape[1], width,
+                                        prev_scores.device)  # (M,), (M,)
+    candidates = prev_scores[:, parent_pos] + logp[:, rank]  # (B, M)
+    scores, pick = _top_sorted(candidates, width)  # (B, width)
+    return scores, parent_pos[pick], rank[pick]
+
+
+@functools.lru_cache(maxsize=256)
+def _candidate_pairs(
+    num_parents: int, num_ranks: int, width: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """(parent position, rank) of every extension that can enter the next beam, p-major.
+
+    Parents and ranks are both sorted, so extension (p, r) trails the (p+1)(r+1) - 1
+    extensions (p' <= p, r' <= r): they score at least as much and win ties (lower flat
+    index). Only (p+1)(r+1) <= width can make the top `width`: about width*ln(width)
+    candidates instead of W*K. Built on the device from a static count (no copy, so it
+    is safe inside a CUDA-graph capture) and cached: they depend on shapes only.
+    """
+    count = sum(min(num_ranks, width // (p + 1)) for p in range(num_parents))
+    per_parent = (width // torch.arange(1, num_parents + 1, device=device)).clamp(max=num_ranks)
+    ends = per_parent.cumsum(0)  # (W,)
+    flat = torch.arange(count, device=device)
+    parent_pos = torch.searchsorted(ends, flat, right=True)
+    return parent_pos, flat - (ends - per_parent)[parent_pos]
+
+
+def _top_sorted(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest of values (B, M), largest first, ties to the lower index; and their
+    indices. torch.topk leaves the order of ties unspecified, a stable sort does not (and
+    on these short candidate lists it is also faster). Scores are sums of log-softmax
+    outputs, which are never -0.0, so the sort's -0.0 < 0.0 cannot split a tie."""
+    ordered, index = values.sort(dim=-1, descending=True, stable=True)
+    return ordered[:, :k], index[:, :k]
+
+
+def _stable_topk(logp: Tensor, k: int) -> Tensor:
+    """Indices of the k largest log-probabilities along the last dim of a float32 logp
+    (..., V), largest first, ties to the lower token id.
+
+    Over the whole vocabulary a sort is too slow, and torch.topk picks among ties as it
+    likes. So rank a unique int64 key instead: the IEEE bits of |x| (monotone for x <= 0,
+    and log-softmax never returns x > 0) then the token id.
+    """
+    size = logp.shape[-1]
+    magnitude = logp.view(torch.int32) & 0x7FFFFFFF  # -0.0 and 0.0 both map to 0
+    key = _reversed_index(size, logp.device).sub(magnitude, alpha=size)  # (..., V) int64
+    return key.topk(k, dim=-1).indices
+
+
+@functools.lru_cache(maxsize=16)
+def _reversed_index(size: int, device: torch.device) -> Tensor:
+    """(size,) int64: size-1, ..., 0 (the tie-break part of the topk key)."""
+    return torch.arange(size - 1, -1, -1, device=device)
+
+
+def _assemble(
+    bonus: Tensor, pick: Tensor, node_scores: Tensor, union_tokens: Tensor,
+    union_parents: Tensor, union_depth: Tensor,
+) -> DraftTree:
+    """The picked union entries pick (B, N), scored node_scores (B, N), as nodes 1..N with
+    parents remapped from union indices (B, U) to node indices."""
+    batch, budget = pick.shape
+    device = pick.device
+    # node_of[b, u] = node index of union entry u; the extra last column is the root (0).
+    node_of = torch.zeros(batch, union_tokens.shape[1] + 1, dtype=torch.long, device=device)
+    node_of.scatter_(1, pick, torch.arange(1, budget + 1, device=device).expand(batch, budget))
+    root = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    return DraftTree(
+        tokens=torch.cat([bonus.long()[:, None], union_tokens.gather(1, pick)], dim=1),
+        parents=torch.cat([root - 1, node_of.gather(1, union_parents.gather(1, pick))], dim=1),
+        depth=torch.cat([root, union_depth[pick]], dim=1),
+        scores=torch.cat([root.float(), node_scores], dim=1),
+    )
+
+
+# ---------------------------------------------------------------------------- structure
+
+
+def chain_tree(draft_tokens: Tensor, bonus: Tensor) -> DraftTree:
+    """The linear special case: draft_tokens (B, L), bonus (B,); node i's parent is i - 1."""
+    batch, num_levels = draft_tokens.shape
+    index = torch.arange(num_levels + 1, device=draft_tokens.device).expand(batch, -1)
+    return DraftTree(
+        tokens=torch.cat([bonus.long()[:, None], draft_tokens.long()], dim=1),
+        parents=(index - 1).contiguous(),
+        depth=index.contiguous(),
+    )
+
+
+def _num_doublings(num_rows: int) -> int:
+    """Pointer-doubling rounds that cover any depth < num_rows: ceil(log2(num_rows))."""
+    return (num_rows - 1).bit_length()
+
+
+def ancestor_mask(parents: Tensor) -> Tensor:
+    """parents (B, 1+N) -> (B, 1+N, 1+N) bool: [b, i, j] is True when j is i or an ancestor.
+
+    Pointer doubling: after k rounds row i holds its ancestors within 2^k - 1 hops.
+    """
+    batch, num_rows = parents.shape
+    hop = parents.clamp(min=0)  # the root points at itself: it is everyone's ancestor anyway
+    mask = torch.eye(num_rows, dtype=torch.bool, device=parents.device).repeat(batch, 1, 1)
+    for _ in range(_num_doublings(num_rows)):
+        mask = mask | mask.gather(1, hop[:, :, None].expand(batch, num_rows, num_rows))
+        hop = hop.gather(1, hop)
+    return mask
+
+
+def depths_from_parents(parents: Tensor) -> Tensor:
+    """parents (..., 1+N), topologically ordered -> depth (..., 1+N) int64 (root 0)."""
+    depth = (parents >= 0).long()  # distance from each node to `hop`
+    hop = parents.long().clamp(min=0)
+    for _ in range(_num_doublings(parents.shape[-1])):
+        depth, hop = depth + depth.gather(-1, hop), hop.gather(-1, hop)
+    return depth
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def validate_tree(
+    tokens: Tensor, parents: Tensor, vocab_size: int, max_nodes: int,
+    max_depth: int | None = None,
+) -> None:
+    """Checks a tree from outside: tokens, parents (1+N,) or (B, 1+N), integer dtypes.
+
+    Raises TreeValidationError naming the offending node: N > max_nodes, a root whose
+    parent is not -1, parents[i] not in [0, i) (this also rules out cycles), a token
+    outside [0, vocab_size), two siblings with the same token, a depth above max_depth.
+    Synchronises with the host: meant for small trees from the wire.
+    """
+    _check_layout(tokens, parents, max_nodes)
+    label = _row_label if tokens.dim() == 2 else _tree_label
+    num_rows = tokens.shape[-1]
+    tokens = tokens.reshape(-1, num_rows).long().cpu()  # (B, 1+N)
+    parents = parents.reshape(-1, num_rows).long().cpu()
+    index = torch.arange(num_rows)
+    _fail_at(parents[:, :1] != -1, label, lambda b, i: (
+        f"parents[0] = {int(parents[b, 0])} must be -1 (node 0 is the root)"))
+    misplaced = ((parents < 0) | (parents >= index)) & (index > 0)
+    _fail_at(misplaced, label, lambda b, i: (
+        f"parents[{i}] = {int(parents[b, i])} must be a node before {i} "
+        "(0 <= parents[i] < i; this also rules out cycles)"))
+    _fail_at((tokens < 0) | (tokens >= vocab_size), label, lambda b, i: (
+        f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})"))
+    same = (parents[:, :, None] == parents[:, None, :]) & (tokens[:, :, None] == tokens[:, None, :])
+    earlier = same & (index[None, :] < index[:, None])  # [b, i, j]: j < i is i's twin
+    _fail_at(earlier.any(-1), label, lambda b, i: (
+        f"nodes {int(earlier[b, i].int().argmax())} and {i} are siblings with the same "
+        f"token {int(tokens[b, i])}"))
+    if max_depth is not None:
+        depth = depths_from_parents(parents)
+        _fail_at(depth > max_depth, label, lambda b, i: (
+            f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}"))
+
+
+def _check_layout(tokens: Tensor, parents: Tensor, max_nodes: int) -> None:
+    """Types, dtypes, matching shapes and the node count."""
+    for name, value in (("tokens", tokens), ("parents", parents)):
+        if not isinstance(value, Tensor):
+            raise TreeValidationError(f"tree: {name} must be a tensor, got {type(value).__name__}")
+        if value.dtype not in _INTEGER_DTYPES:
+            raise TreeValidationError(f"tree: {name} must have an integer dtype, got {value.dtype}")
+        if value.dim() not in (1, 2) or value.shape[-1] < 1 or value.numel() == 0:
+            raise TreeValidationError(
+                f"tree: {name} has shape {list(value.shape)}, expected [1+N] or [B, 1+N]"
+            )
+    if tokens.shape != parents.shape:
+        raise TreeValidationError(
+            f"tree: tokens shape {list(tokens.shape)} != parents shape {list(parents.shape)}"
+        )
+    if tokens.shape[-1] - 1 > max_nodes:
+        raise TreeValidationError(
+            f"tree: {tokens.shape[-1] - 1} nodes besides the root exceed max_nodes {max_nodes}"
+        )
+
+
+def _row_label(row: int) -> str:
+    return f"tree row {row}: "
+
+
+def _tree_label(row: int) -> str:
+    return "tree: "
+
+
+def _fail_at(
+    bad: Tensor, label: Callable[[int], str], message: Callable[[int, int], str]
+) -> None:
+    """Raises TreeValidationError for the first True of bad (B, 1+N), row-major; message
+    gets (row, node)."""
+    if bool(bad.any()):
+        b, i = (int(x) for x in bad.nonzero()[0])
+        raise TreeValidationError(label(b) + message(b, i))
