@@ -239,6 +239,8 @@ class VerifySession:
         self.num_emitted += len(tokens)
         self.stats.num_completion_tokens = self.num_emitted
         self.finished = reason is not None
+        if self.finished:
+            self.timer.close(self.stats)  # the generation is over: waiting costs nothing
         if logprobs is not None:
             logprobs = logprobs[: len(tokens)]
         return RoundResult(tokens, features, accepted, self.finished, reason, logprobs)
@@ -313,6 +315,7 @@ def generate(
             timer.mark("draft")
         result = verifier.verify(tree, first_child_only=mode in ("linear", "shadow"),
                                  max_depth=drafter.config.block_size - 1 if drafter else None)
-        if drafts is not None:
-            timer.flush(verifier.stats)
+        timer.flush(verifier.stats)
+        if verifier.finished:
+            timer.close(verifier.stats)
         yield result, verifier.stats

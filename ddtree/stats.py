@@ -65,15 +65,17 @@ class GenerationStats:
 
 
 class StageTimer:
-    """Marks stage boundaries; `flush` adds the intervals to `stats.stage_seconds`.
+    """Marks stage boundaries; `flush` adds finished intervals to `stats.stage_seconds`.
 
-    Call `flush` only after the round has synchronised anyway (CUDA events are then
-    complete and reading them does not stall the GPU pipeline).
+    On a GPU each boundary is a CUDA event. `flush` never waits: it resolves the
+    intervals whose end event has already completed and keeps the rest for a later
+    flush; `close` waits for the last ones once the generation is over.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._marks: list[tuple[str, Any]] = []
+        self._last: Any = None
+        self._pending: list[tuple[str, Any, Any]] = []  # (stage, begin, end)
 
     def _now(self) -> Any:
         if self.cuda:
@@ -83,17 +85,28 @@ class StageTimer:
         return time.perf_counter()
 
     def start(self) -> None:
-        self._marks = [("", self._now())]
+        self._last = self._now()
 
     def mark(self, stage: str) -> None:
-        """Ends `stage` (which began at the previous mark)."""
-        self._marks.append((stage, self._now()))
+        """Ends `stage` (which began at the previous mark or `start`)."""
+        now = self._now()
+        self._pending.append((stage, self._last, now))
+        self._last = now
 
     def flush(self, stats: GenerationStats) -> None:
-        for (_, begin), (stage, end) in zip(self._marks, self._marks[1:], strict=False):
+        while self._pending:
+            stage, begin, end = self._pending[0]
             if self.cuda:
+                if not end.query():  # still running: resolve at a later flush
+                    return
                 seconds = begin.elapsed_time(end) / 1000.0
             else:
                 seconds = end - begin
             stats.stage_seconds[stage] += seconds
-        self._marks = self._marks[-1:]
+            self._pending.pop(0)
+
+    def close(self, stats: GenerationStats) -> None:
+        """Waits for the last recorded interval (call once the generation is over)."""
+        if self.cuda and self._pending:
+            self._pending[-1][2].synchronize()
+        self.flush(stats)

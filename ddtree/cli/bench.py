@@ -8,8 +8,12 @@ from pathlib import Path
 
 from ddtree.bench import bench, format_table
 from ddtree.cli.generate import encode_prompt
-from ddtree.cli.options import add_model_options, add_sampling_options, resolve_pair_dirs, \
-    sampling_from_args
+from ddtree.cli.options import (
+    add_model_options,
+    add_sampling_options,
+    resolve_pair_dirs,
+    sampling_from_args,
+)
 from ddtree.engine import MODES, SpecParams
 from ddtree.prompts import load_prompts
 from ddtree.runtime import load_pair, resolve_device, resolve_dtype

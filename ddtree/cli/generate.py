@@ -7,8 +7,12 @@ import json
 import time
 
 from ddtree.cli.options import (
-    add_model_options, add_sampling_options, add_spec_options, resolve_pair_dirs,
-    sampling_from_args, spec_from_args,
+    add_model_options,
+    add_sampling_options,
+    add_spec_options,
+    resolve_pair_dirs,
+    sampling_from_args,
+    spec_from_args,
 )
 from ddtree.engine import GenerationRequest, generate
 from ddtree.runtime import load_pair, resolve_device, resolve_dtype
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     finish_reason = None
     stats = None
-    for result, stats in generate(target, drafter, request):
+    for result, stats in generate(target, drafter, request):  # noqa: B007 (last stats)
         token_ids.extend(result.new_tokens)
         finish_reason = result.finish_reason
         if not args.json:

@@ -36,7 +36,9 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
 
 
-def resolve_pair_dirs(args: argparse.Namespace, need_drafter: bool = True) -> tuple[str, str | None]:
+def resolve_pair_dirs(
+    args: argparse.Namespace, need_drafter: bool = True
+) -> tuple[str, str | None]:
     """--target/--drafter, or the demo pair (pulled on first use) when neither is given."""
     if args.target:
         if need_drafter and not args.drafter:

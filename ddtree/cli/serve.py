@@ -18,7 +18,6 @@ from types import FrameType
 
 from ddtree.cli.options import add_model_options, add_spec_options, resolve_pair_dirs
 from ddtree.errors import DDTreeError
-from ddtree.healthcheck import is_serving
 
 # How long a child may take to load its model and answer its health check.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -130,6 +129,9 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here so `ddtree generate` / `bench` run where grpc's health package is absent.
+    from ddtree.healthcheck import is_serving
+
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
     drafter_port, verifier_port = free_port(), free_port()
     children: list[tuple[str, subprocess.Popen[bytes]]] = []

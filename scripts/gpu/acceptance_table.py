@@ -29,6 +29,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--jobs", type=int, default=0, help="processes at once (0 = all)")
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", help="markdown table file")
     parser.add_argument("--json-out", help="all rows as JSON")
     return parser.parse_args()
@@ -42,7 +44,7 @@ def launch(args: argparse.Namespace, prompt_file: str, temperature: str,
         "--drafter", args.drafter, "--device", args.device, "--prompts", prompt_file,
         "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
         "--modes", "linear,tree", "--budgets", args.budgets, "--temperature", temperature,
-        "--seed", "1234", "--warmup", "1", "--json-out", str(out),
+        "--seed", "1234", "--warmup", str(args.warmup), "--json-out", str(out),
     ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out
 
@@ -67,9 +69,14 @@ def main() -> int:
     args = parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [launch(args, p, t, Path(tmp)) for p in args.prompts
-                for t in args.temperatures.split(",")]
-        failed = [out.name for proc, out in jobs if proc.wait() != 0]
+        todo = [(p, t) for p in args.prompts for t in args.temperatures.split(",")]
+        width = args.jobs or len(todo)
+        jobs: list[tuple[subprocess.Popen, Path]] = []
+        failed = []
+        for start in range(0, len(todo), width):
+            wave = [launch(args, p, t, Path(tmp)) for p, t in todo[start:start + width]]
+            failed += [out.name for proc, out in wave if proc.wait() != 0]
+            jobs += wave
         rows = []
         for _, out in jobs:
             if out.exists():

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from ddtree.engine import (
-    GenerationRequest, SpecParams, VerifySession, generate, single_node_tree,
+    GenerationRequest,
+    SpecParams,
+    VerifySession,
+    generate,
+    single_node_tree,
 )
 from ddtree.errors import InvalidArgumentError
 from ddtree.models.tiny import make_tiny_pair
@@ -142,7 +146,7 @@ def test_stats_count_rounds_nodes_and_acceptance(pair) -> None:
     request = GenerationRequest(prompts(target.config.vocab_size)[0], MAX_TOKENS,
                                 spec=SpecParams("tree", 8), ignore_eos=True)
     stats = None
-    for _, stats in generate(target, drafter, request):
+    for _, stats in generate(target, drafter, request):  # noqa: B007 (keeps the last)
         pass
     assert stats is not None
     assert stats.num_drafted_nodes == 8 * stats.num_rounds
