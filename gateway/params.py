@@ -160,7 +160,8 @@ def _requests(
             spec=_spec(body),
             stop_token_ids=body.stop_token_ids or [],
             ignore_eos=body.ignore_eos,
-            top_logprobs=top_logprobs,
+            logprobs=top_logprobs >= 0,  # -1 here means "no logprobs"
+            top_logprobs=max(top_logprobs, 0),
         ))
     return requests
 

@@ -61,7 +61,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             spec=codec.spec_from_proto(msg.spec, self.config.default_spec, self.config.max_budget),
             stop_token_ids=tuple(msg.stop_token_ids),
             ignore_eos=msg.ignore_eos,
-            top_logprobs=msg.top_logprobs,
+            top_logprobs=msg.top_logprobs if msg.logprobs else -1,
         )
 
     @staticmethod

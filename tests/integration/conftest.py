@@ -129,7 +129,6 @@ def generate_over_grpc(
         max_tokens=max_tokens,
         ignore_eos=True,
         spec=spec,
-        top_logprobs=-1,
     )
     chunks, reason, stats = [], "", common_pb2.SpecStats()
     for response in stub.Generate(request, timeout=RPC_TIMEOUT_S):

@@ -36,7 +36,8 @@ def test_logprobs_are_the_targets_for_every_streamed_token(
     verifier: Verifier, target: TargetModel
 ) -> None:
     prompt = make_prompt(target, 5, 30)
-    responses = stream(verifier.stub, prompt_ids=prompt, ignore_eos=True, top_logprobs=2)
+    responses = stream(verifier.stub, prompt_ids=prompt, ignore_eos=True, logprobs=True,
+                       top_logprobs=2)
     tokens = [t for r in responses for t in r.token_ids]
     assert tokens == greedy_tokens(target, prompt, MAX_TOKENS)
     for response in responses:
@@ -49,7 +50,7 @@ def test_logprobs_are_the_targets_for_every_streamed_token(
 
 
 def test_no_logprobs_unless_asked(verifier: Verifier, target: TargetModel) -> None:
-    responses = stream(verifier.stub, prompt_ids=make_prompt(target, 3, 31), top_logprobs=-1)
+    responses = stream(verifier.stub, prompt_ids=make_prompt(target, 3, 31))
     assert all(not r.logprobs for r in responses)
 
 

@@ -88,11 +88,12 @@ def test_ddtree_extension_and_passthrough_fields(encoder: PromptEncoder) -> None
     assert (request.spec.mode, request.spec.budget, request.spec.max_topk) == (
         common_pb2.MODE_SHADOW, 15, 8)
     assert list(request.stop_token_ids) == [5] and request.ignore_eos
-    assert request.top_logprobs == 3
+    assert request.logprobs and request.top_logprobs == 3
     assert plan.output.granularity == "token" and plan.output.stops == ("\n",)
     assert chat(encoder).requests[0].spec.mode == common_pb2.MODE_UNSPECIFIED
-    assert chat(encoder).requests[0].top_logprobs == -1
-    assert chat(encoder, logprobs=True).requests[0].top_logprobs == 0
+    assert not chat(encoder).requests[0].logprobs
+    with_logprobs = chat(encoder, logprobs=True).requests[0]
+    assert with_logprobs.logprobs and with_logprobs.top_logprobs == 0
 
 
 def test_chat_template_kwargs_reach_the_template() -> None:
