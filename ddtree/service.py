@@ -9,7 +9,9 @@ ends finds a dead peer of the long-lived Draft stream in seconds instead of minu
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 import grpc
@@ -81,3 +83,13 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def serve_until_signalled(server: grpc.Server, name: str, grace_s: float) -> None:
+    """Blocks until SIGINT / SIGTERM, then stops `server`, giving in-flight RPCs `grace_s`."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    structlog.get_logger(name).info("stopping", service=name)
+    server.stop(grace_s).wait()

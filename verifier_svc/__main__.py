@@ -4,13 +4,9 @@ SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 
-import structlog
-
-from ddtree.service import configure_logging
+from ddtree.service import configure_logging, serve_until_signalled
 from verifier_svc.config import parse_config
 from verifier_svc.server import build_server
 
@@ -22,12 +18,7 @@ def main() -> int:
     config = parse_config(sys.argv[1:], os.environ)
     configure_logging(config.log_level)
     server, _ = build_server(config)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    structlog.get_logger("verifier_svc").info("verifier_stopping")
-    server.stop(SHUTDOWN_GRACE_S)
+    serve_until_signalled(server, "verifier_svc", SHUTDOWN_GRACE_S)
     return 0
 
 
