@@ -54,11 +54,15 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     finish_reason = None
     stats = None
+    printed = ""
     for result, stats in generate(target, drafter, request):  # noqa: B007 (last stats)
         token_ids.extend(result.new_tokens)
         finish_reason = result.finish_reason
-        if not args.json:
-            print(tokenizer.decode(result.new_tokens, skip_special_tokens=True), end="", flush=True)
+        text = tokenizer.decode(token_ids, skip_special_tokens=True)
+        # Hold back a partial UTF-8 character (decoded as U+FFFD) until the next round.
+        if not args.json and not text.endswith("\ufffd"):
+            print(text[len(printed):], end="", flush=True)
+            printed = text
     elapsed = time.perf_counter() - start
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     if args.json:
@@ -68,5 +72,5 @@ def run(args: argparse.Namespace) -> int:
             "stats": stats.to_dict() | {"wall_seconds": round(elapsed, 4)},
         }))
     else:
-        print()
+        print(text[len(printed):])
     return 0
