@@ -186,17 +186,17 @@ class VerifySession:
             feature_layers=self.feature_layers,
         )
         self.timer.mark("verify")
-        result = walk(tree, out.logits, self.request.sampling, self.generator,
+        walked = walk(tree, out.logits, self.request.sampling, self.generator,
                       first_child_only=first_child_only,
                       max_depth=min(max_depth or num_rows - 1, num_rows - 1))
         self.timer.mark("walk")
         # The round's single host sync: acceptance length, path and next token together.
-        path_tokens = tree.tokens.gather(1, result.path)  # (1, D+1)
-        fetched = torch.cat([result.acceptance_length, result.next_token,
-                             result.path[0], path_tokens[0]]).tolist()
+        path_tokens = tree.tokens.gather(1, walked.path)  # (1, D+1)
+        fetched = torch.cat([walked.acceptance_length, walked.next_token,
+                             walked.path[0], path_tokens[0]]).tolist()
         accepted = fetched[0]
-        width = result.path.shape[1]
-        path = result.path[:, :accepted]  # (1, A)
+        width = walked.path.shape[1]
+        path = walked.path[:, :accepted]  # (1, A)
         path_nodes = fetched[2: 2 + accepted]
         tokens = fetched[2 + width: 2 + width + accepted]
         self.cache.compact(self.committed_len, path)

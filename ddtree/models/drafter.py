@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
@@ -274,7 +274,7 @@ class DFlashDrafter(nn.Module):
         slots = cache_lens[:, None] + torch.arange(fused.shape[1], device=fused.device)  # (B, C)
         cos, sin = self.rotary.cos_sin(positions, fused.dtype)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.project_kv(fused, cos, sin)  # (B, Hkv, C, D)
+            k, v = cast(DraftLayer, layer).self_attn.project_kv(fused, cos, sin)  # (B, Hkv, C, D)
             cache.write(i, slots, k, v)
 
     def block_embeddings(self, bonus: Tensor, embeddings: TargetEmbeddings,
@@ -333,7 +333,8 @@ class DFlashDrafter(nn.Module):
         cos, sin = self.rotary.cos_sin(block_positions, block_embeds.dtype)
         return self._run_layers(
             block_embeds,
-            lambda i: self.layers[i].self_attn.project_kv(fused_ctx, ctx_cos, ctx_sin),
+            lambda i: cast(DraftLayer, self.layers[i]).self_attn.project_kv(
+                fused_ctx, ctx_cos, ctx_sin),
             cos, sin, visible)
 
 

@@ -47,6 +47,7 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.inv_freq: Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
