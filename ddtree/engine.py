@@ -89,6 +89,7 @@ class RoundResult:
     logprobs: list[TokenLogprob] | None = None
     path: list[int] = field(default_factory=list)  # accepted node indices, root first
     committed_tokens: list[int] = field(default_factory=list)  # the path's tokens (in the KV)
+    num_drafted_nodes: int = 0  # nodes of the verified tree (root excluded)
 
 
 def _stop_set(request: GenerationRequest, eos_token_ids: Sequence[int]) -> frozenset[int]:
@@ -213,6 +214,7 @@ class VerifySession:
             logprobs = self._logprobs(out.logits[0].index_select(0, path[0]), chosen)
         result = self._emit(tokens[1:] + [self.bonus_token], features, accepted, logprobs)
         result.path, result.committed_tokens = path_nodes, tokens
+        result.num_drafted_nodes = num_rows - 1
         return result
 
     def _logprobs(self, logits: Tensor, chosen: Tensor) -> list[TokenLogprob]:

@@ -74,7 +74,7 @@ class ChoiceRun:
             ReasoningSplitter(output.starts_in_reasoning) if output.is_reasoning else None
         )
         self.result = ChoiceResult(index, num_prompt_tokens=len(request.prompt_ids))
-        self.round_sizes: list[int] = []  # tokens per verifier message (stats fallback)
+        self.rounds: list[tuple[int, int]] = []  # (acceptance length, nodes) per round
         self._last_at: float | None = None
         self._gaps: list[tuple[float, int]] = []
         self._ttft_s: float | None = None
@@ -106,7 +106,8 @@ class ChoiceRun:
     def consume(self, message: verifier_pb2.GenerateResponse) -> list[ChoiceDelta]:
         """One verifier message -> one delta per token (the caller may merge them)."""
         index, deltas = self.result.index, []
-        self.round_sizes.append(len(message.token_ids))
+        if message.acceptance_length:  # a verify round (the prefill's message has none)
+            self.rounds.append((message.acceptance_length, message.num_drafted_nodes))
         for i, token in enumerate(message.token_ids):
             text, is_stop = self.stops.feed(self.detokenizer.push([token]))
             delta = ChoiceDelta(index, token_ids=[token], logprobs=list(message.logprobs[i:i + 1]))
@@ -167,7 +168,7 @@ class ChoiceRun:
     def _record(self) -> None:
         result = self.result
         if result.stats is None:
-            result.stats = fallback_stats(self.request, self.round_sizes)
+            result.stats = fallback_stats(self.request, self.rounds)
         result.stats.num_completion_tokens = len(result.token_ids)
         self.metrics.observe_tokens(self._ttft_s, self._gaps)
         self.metrics.observe_choice(result.finish_reason or "", result.num_prompt_tokens,
@@ -176,11 +177,12 @@ class ChoiceRun:
 
 
 def fallback_stats(
-    request: verifier_pb2.GenerateRequest, round_sizes: Sequence[int]
+    request: verifier_pb2.GenerateRequest, round_figures: Sequence[tuple[int, int]]
 ) -> common_pb2.SpecStats:
     """Stats of a generation the gateway ended (stop string, client gone), rebuilt from
-    the sizes of its messages: the verifier sends its own only with the last message."""
-    rounds = list(round_sizes[1:])  # the first message is the prefill's one token
+    each round message's (acceptance length, drafted nodes): the verifier sends its own
+    totals only with the last message."""
+    rounds = [length for length, _ in round_figures]
     histogram = [0] * (max(rounds, default=0) + 1)
     for size in rounds:
         histogram[size] += 1
@@ -192,6 +194,7 @@ def fallback_stats(
         mean_acceptance_length=sum(rounds) / len(rounds) if rounds else 0.0,
         acceptance_histogram=histogram,
         num_accepted_draft_tokens=sum(max(0, s - 1) for s in rounds),
+        num_drafted_nodes=sum(nodes for _, nodes in round_figures),
         num_prompt_tokens=len(request.prompt_ids),
     )
 

@@ -69,7 +69,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         result: RoundResult, stats: GenerationStats | None
     ) -> verifier_pb2.GenerateResponse:
         response = verifier_pb2.GenerateResponse(
-            token_ids=result.new_tokens, finish_reason=result.finish_reason or ""
+            token_ids=result.new_tokens, finish_reason=result.finish_reason or "",
+            acceptance_length=result.acceptance_length if result.committed_tokens else 0,
+            num_drafted_nodes=result.num_drafted_nodes,
         )
         if result.logprobs is not None:
             response.logprobs.extend(codec.logprobs_to_proto(result.logprobs))

@@ -114,6 +114,7 @@ class Generated:
     chunks: list[list[int]]
     finish_reason: str
     stats: common_pb2.SpecStats
+    rounds: list[tuple[int, int]]  # each message's (acceptance_length, num_drafted_nodes)
 
 
 def generate_over_grpc(
@@ -130,12 +131,13 @@ def generate_over_grpc(
         ignore_eos=True,
         spec=spec,
     )
-    chunks, reason, stats = [], "", common_pb2.SpecStats()
+    chunks, reason, stats, rounds = [], "", common_pb2.SpecStats(), []
     for response in stub.Generate(request, timeout=RPC_TIMEOUT_S):
         chunks.append(list(response.token_ids))
+        rounds.append((response.acceptance_length, response.num_drafted_nodes))
         if response.finish_reason:
             reason, stats = response.finish_reason, response.stats
-    return Generated([t for c in chunks for t in c], chunks, reason, stats)
+    return Generated([t for c in chunks for t in c], chunks, reason, stats, rounds)
 
 
 def free_port() -> int:

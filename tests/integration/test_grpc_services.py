@@ -59,6 +59,12 @@ def test_generate_at_temperature_zero_serves_the_targets_greedy_tokens(
         assert out.stats.mode == ("tree" if mode.startswith("tree") else mode)
         # Drafting really happened (no silent ar fallback) in the speculative modes.
         assert (out.stats.num_drafted_nodes > 0) == (mode != "ar")
+        # Each round message carries its own figures; they add up to the final totals.
+        assert out.rounds[0] == (0, 0)  # the prefill's message
+        assert sum(nodes for _, nodes in out.rounds) == out.stats.num_drafted_nodes
+        histogram = out.stats.acceptance_histogram
+        assert sorted(n for n, _ in out.rounds[1:]) == [
+            length for length, count in enumerate(histogram) for _ in range(count)]
 
 
 def test_verify_session_ar_steps_match_the_target(target: TargetModel) -> None:

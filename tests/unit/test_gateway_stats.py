@@ -45,13 +45,14 @@ def test_choices_are_summed() -> None:
     assert stats["stage_seconds"] == {"draft": 0.5, "verify": 1.0}
 
 
-def test_fallback_stats_come_from_message_sizes() -> None:
+def test_fallback_stats_come_from_the_round_messages() -> None:
     request = verifier_pb2.GenerateRequest(
         prompt_ids=[1, 2, 3], spec=common_pb2.SpecParams(mode=common_pb2.MODE_LINEAR, budget=4))
-    stats = fallback_stats(request, [1, 3, 1, 2])  # prefill's token, then three rounds
+    stats = fallback_stats(request, [(3, 4), (1, 4), (2, 4)])  # three rounds of a chain of 4
     assert (stats.mode, stats.budget, stats.num_rounds) == ("linear", 4, 3)
     assert list(stats.acceptance_histogram) == [0, 1, 1, 1]
     assert stats.num_accepted_draft_tokens == 3 and stats.num_prompt_tokens == 3
+    assert stats.num_drafted_nodes == 12
 
 
 def test_metrics_count_drafts_acceptance_per_position_and_accept_length() -> None:
