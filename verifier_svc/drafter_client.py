@@ -24,6 +24,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from ddtree.models.target_config import TargetConfig
 from ddtree.service import CHANNEL_OPTIONS
 from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
 
@@ -79,11 +80,28 @@ class _DraftStream:
         self._call.cancel()
 
 
+def incompatibility(info: drafter_pb2.DrafterInfo, target: TargetConfig) -> str | None:
+    """Why this drafter cannot serve this target, or None when the pair fits."""
+    if info.hidden_size != target.hidden_size:
+        return f"drafter hidden size {info.hidden_size} != target's {target.hidden_size}"
+    if info.vocab_size != target.vocab_size:
+        return f"drafter vocab size {info.vocab_size} != target's {target.vocab_size}"
+    if info.num_target_layers and info.num_target_layers != target.num_layers:
+        return (f"drafter was trained on a {info.num_target_layers}-layer target; this one has "
+                f"{target.num_layers}")
+    bad = [i for i in info.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        return f"drafter reads target layers {bad} outside [0, {target.num_layers})"
+    return None
+
+
 class DrafterClient:
     """Owns the drafter channel; `draft` is called from the verifier's engine thread only."""
 
-    def __init__(self, address: str, round_timeout_s: float, connect_timeout_s: float) -> None:
+    def __init__(self, address: str, round_timeout_s: float, connect_timeout_s: float,
+                 target: TargetConfig | None = None) -> None:
         self.address = address
+        self.target = target  # the drafter's info is checked against it on every connect
         self.round_timeout_s = round_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
@@ -132,6 +150,13 @@ class DrafterClient:
             )
         except grpc.RpcError as exc:
             log.error("drafter_connect_failed", address=self.address, code=exc.code().name)
+            with self._lock:
+                self._reconnecting = False
+            return
+        problem = incompatibility(info, self.target) if self.target is not None else None
+        if problem is not None:
+            # Misconfiguration would otherwise run silently at acceptance ~1: refuse it.
+            log.error("drafter_incompatible", address=self.address, problem=problem)
             with self._lock:
                 self._reconnecting = False
             return

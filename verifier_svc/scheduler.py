@@ -39,6 +39,22 @@ log = structlog.get_logger("verifier_svc.scheduler")
 T = TypeVar("T")
 
 
+# Below this mean acceptance length over enough rounds, the drafter is almost surely not
+# the target's (or its target layers are wrong): say so instead of serving slowly in silence.
+MIN_HEALTHY_ACCEPTANCE, MIN_ROUNDS_TO_JUDGE = 1.1, 32
+
+
+def warn_if_acceptance_near_one(generation: Generation) -> None:
+    stats = generation.stats
+    if stats is None or stats.num_rounds < MIN_ROUNDS_TO_JUDGE:
+        return
+    if stats.mean_acceptance_length < MIN_HEALTHY_ACCEPTANCE:
+        log.warning("acceptance_near_one", request_id=generation.request_id,
+                    mean_acceptance_length=round(stats.mean_acceptance_length, 3),
+                    num_rounds=stats.num_rounds,
+                    hint="is the drafter trained for this target (and its layer ids)?")
+
+
 class GenerationAborted(Exception):
     """The generation was stopped by Abort or by its client going away."""
 
@@ -310,6 +326,7 @@ class Scheduler:
             self.slots.release()
         if generation.drafting and self.drafter is not None:
             self.drafter.release([generation.request_id])
+            warn_if_acceptance_near_one(generation)
         generation.session, generation.drafting = None, False
 
     def _shutdown(self) -> None:

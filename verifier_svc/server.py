@@ -78,7 +78,7 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     drafter = None
     if config.drafter_addr:
         drafter = DrafterClient(
-            config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s
+            config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s, target.config
         )
         drafter.connect(wait=True)  # not fatal: generations use ar until it connects
 
