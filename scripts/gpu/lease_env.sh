@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
 # Sourced by every lease step on the GPU host: carried wheels onto PYTHONPATH, repo importable.
+# The host has grpcio 1.84.0 and no gguf / structlog / tenacity / grpc health+reflection:
+# carry them as wheels in .whl/ (health and reflection at ==1.84.0, newer ones refuse
+# grpcio 1.84.0):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 structlog tenacity \
+#     grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0
 if [ -d .whl ] && [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && touch /tmp/site/.done
