@@ -8,11 +8,13 @@ ends finds a dead peer of the long-lived Draft stream in seconds instead of minu
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -93,3 +95,23 @@ def serve_until_signalled(server: grpc.Server, name: str, grace_s: float) -> Non
     stop.wait()
     structlog.get_logger(name).info("stopping", service=name)
     server.stop(grace_s).wait()
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+def parse_service_config(
+    config_type: Callable[..., ConfigT], prog: str, description: str | None,
+    add_flags: Callable[[argparse.ArgumentParser, Mapping[str, str]], None],
+    argv: Sequence[str] | None, environ: Mapping[str, str],
+) -> ConfigT:
+    """Flags override DDTREE_* environment variables, which override the defaults; the
+    frozen config's own validation errors become usage errors (exit 2)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_flags(parser, environ)
+    args: dict[str, Any] = vars(parser.parse_args(argv))
+    try:
+        return config_type(**args)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ddtree.engine import MAX_BUDGET, MODES, Mode, SpecParams
+from ddtree.service import parse_service_config
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,5 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
 
 def parse_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> VerifierServiceConfig:
     """Flags override DDTREE_* environment variables, which override the defaults."""
-    parser = argparse.ArgumentParser(prog="python -m verifier_svc", description=__doc__)
-    _add_flags(parser, environ)
-    args = parser.parse_args(argv)
-    try:
-        return VerifierServiceConfig(**vars(args))
-    except ValueError as exc:
-        parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+    return parse_service_config(
+        VerifierServiceConfig, "python -m verifier_svc", __doc__, _add_flags, argv, environ)
