@@ -30,6 +30,7 @@ class BenchRow:
     decode_seconds: float = 0.0
     ttft_seconds: list[float] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
+    matches_ar: bool | None = None  # at T=0: same tokens as the ar row of this prompt set
 
     @property
     def acceptance_length(self) -> float:
@@ -48,6 +49,7 @@ class BenchRow:
             "acceptance_length": round(self.acceptance_length, 3),
             "decode_tokens_per_second": round(self.tokens_per_second, 2),
             "median_ttft_seconds": round(ttft[len(ttft) // 2], 5) if ttft else None,
+            "matches_ar": self.matches_ar,
         }
 
 
@@ -98,11 +100,21 @@ def bench(
                 run_one(target, drafter, GenerationRequest(prompt_ids, max_tokens, seeded, spec),
                         row)
             rows.append(row)
+    mark_matches_ar(rows)
     return rows
 
 
+def mark_matches_ar(rows: Sequence[BenchRow]) -> None:
+    """At temperature 0 every mode must serve the ar tokens: record whether it did."""
+    reference = {r.prompt_set: r.token_ids for r in rows if r.mode == "ar" and r.temperature == 0}
+    for row in rows:
+        if row.temperature == 0 and row.prompt_set in reference:
+            row.matches_ar = row.token_ids == reference[row.prompt_set]
+
+
 def format_table(rows: Sequence[BenchRow]) -> str:
-    header = f"{'set':<12}{'mode':<8}{'budget':>7}{'T':>5}{'tau':>8}{'tok/s':>10}{'ttft ms':>9}"
+    header = (f"{'set':<12}{'mode':<8}{'budget':>7}{'T':>5}{'tau':>8}{'tok/s':>10}"
+              f"{'ttft ms':>9}{'=ar':>5}")
     lines = [header, "-" * len(header)]
     for row in rows:
         d = row.to_dict()
@@ -111,5 +123,6 @@ def format_table(rows: Sequence[BenchRow]) -> str:
         lines.append(
             f"{row.prompt_set:<12}{row.mode:<8}{row.budget:>7}{row.temperature:>5.1f}"
             f"{row.acceptance_length:>8.2f}{row.tokens_per_second:>10.1f}{ttft_ms:>9}"
+            f"{'-' if row.matches_ar is None else 'yes' if row.matches_ar else 'NO':>5}"
         )
     return "\n".join(lines)
