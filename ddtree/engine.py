@@ -128,7 +128,6 @@ class VerifySession:
         self.cache_lens = torch.zeros(1, dtype=torch.long, device=self.device)
         self.committed_len = 0
         self.bonus_token = -1
-        self.num_emitted = 0
         self.finished = False
         self.stops = _stop_set(request, config.eos_token_ids)
         self.generator = make_generator(request.sampling.seed, self.device)
@@ -235,11 +234,10 @@ class VerifySession:
             if token in self.stops:
                 tokens, reason = tokens[:i], "stop"
                 break
-        room = self.request.max_tokens - self.num_emitted
+        room = self.request.max_tokens - self.stats.num_completion_tokens
         if reason is None and len(tokens) >= room:
             tokens, reason = tokens[:room], "length"
-        self.num_emitted += len(tokens)
-        self.stats.num_completion_tokens = self.num_emitted
+        self.stats.num_completion_tokens += len(tokens)
         self.finished = reason is not None
         if self.finished:
             self.timer.close(self.stats)  # the generation is over: waiting costs nothing
@@ -306,18 +304,15 @@ def generate(
     drafts = None
     if drafter is not None and mode != "ar":
         drafts = DraftSession(drafter, target.embeddings, verifier.max_len)
-    timer = StageTimer(verifier.device)
     while not verifier.finished:
         tree = None
         if drafts is not None:
-            timer.start()
+            # Timed on the verifier's own timer: its flush / close after the round pick it up.
+            verifier.timer.start()
             assert result.features is not None
             tree = drafts.propose(result.features, verifier.bonus_token,
                                   verifier.committed_len, request.spec)
-            timer.mark("draft")
+            verifier.timer.mark("draft")
         result = verifier.verify(tree, first_child_only=mode in ("linear", "shadow"),
                                  max_depth=drafter.config.block_size - 1 if drafter else None)
-        timer.flush(verifier.stats)
-        if verifier.finished:
-            timer.close(verifier.stats)
         yield result, verifier.stats

@@ -11,12 +11,11 @@ from ddtree.cli.generate import encode_prompt
 from ddtree.cli.options import (
     add_model_options,
     add_sampling_options,
-    resolve_pair_dirs,
+    load_from_args,
     sampling_from_args,
 )
 from ddtree.engine import MODES, SpecParams
 from ddtree.prompts import load_prompts
-from ddtree.runtime import load_pair, resolve_device, resolve_dtype
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,14 +46,9 @@ def specs_from_args(args: argparse.Namespace) -> list[SpecParams]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     specs = specs_from_args(args)
     need_drafter = any(s.mode != "ar" for s in specs)
-    target_dir, drafter_dir = resolve_pair_dirs(args, need_drafter=need_drafter)
-    device = resolve_device(args.device)
-    target, drafter = load_pair(target_dir, drafter_dir, device, resolve_dtype(args.dtype, device))
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target, drafter, tokenizer = load_from_args(args, need_drafter=need_drafter)
     prompt_sets = {}
     for path in args.prompts:
         texts = load_prompts(path, args.num_prompts)

@@ -10,12 +10,11 @@ from ddtree.cli.options import (
     add_model_options,
     add_sampling_options,
     add_spec_options,
-    resolve_pair_dirs,
+    load_from_args,
     sampling_from_args,
     spec_from_args,
 )
 from ddtree.engine import GenerationRequest, generate
-from ddtree.runtime import load_pair, resolve_device, resolve_dtype
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,12 +39,7 @@ def encode_prompt(tokenizer, prompt: str | None, chat: str | None) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    target_dir, drafter_dir = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
-    device = resolve_device(args.device)
-    target, drafter = load_pair(target_dir, drafter_dir, device, resolve_dtype(args.dtype, device))
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target, drafter, tokenizer = load_from_args(args, need_drafter=args.mode != "ar")
     request = GenerationRequest(
         prompt_ids=encode_prompt(tokenizer, args.prompt, args.chat),
         max_tokens=args.max_tokens, sampling=sampling_from_args(args), spec=spec_from_args(args),

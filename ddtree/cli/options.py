@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from ddtree.engine import MODES, SpecParams
 from ddtree.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ddtree.models.drafter import DFlashDrafter
+    from ddtree.models.target import TargetModel
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -49,3 +54,18 @@ def resolve_pair_dirs(
     target_dir, drafter_dir = default_demo_paths()
     pull_smollm2(target_dir.parent)
     return str(target_dir), str(args.drafter or drafter_dir) if need_drafter else None
+
+
+def load_from_args(
+    args: argparse.Namespace, need_drafter: bool
+) -> tuple[TargetModel, DFlashDrafter | None, Any]:
+    """--target/--drafter (or the demo pair), --device, --dtype -> (target, drafter | None,
+    the target's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from ddtree.runtime import load_pair, resolve_device, resolve_dtype
+
+    target_dir, drafter_dir = resolve_pair_dirs(args, need_drafter=need_drafter)
+    device = resolve_device(args.device)
+    target, drafter = load_pair(target_dir, drafter_dir, device, resolve_dtype(args.dtype, device))
+    return target, drafter, AutoTokenizer.from_pretrained(target_dir)
