@@ -56,6 +56,7 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; n: n alternatives too
+    prompt_logprobs: bool = False  # the target's logprob of each prompt token after the first
 
     def validate(self, vocab_size: int, max_model_len: int) -> None:
         if not self.prompt_ids:
@@ -87,6 +88,7 @@ class RoundResult:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # the prefill's result only, on request
     path: list[int] = field(default_factory=list)  # accepted node indices, root first
     committed_tokens: list[int] = field(default_factory=list)  # the path's tokens (in the KV)
     num_drafted_nodes: int = 0  # nodes of the verified tree (root excluded)
@@ -149,11 +151,15 @@ class VerifySession:
         prompt = torch.tensor([self.request.prompt_ids], dtype=torch.long, device=self.device)
         num_prompt = prompt.shape[1]
         positions = torch.arange(num_prompt, device=self.device)[None]  # (1, P)
+        want_prompt = self.request.prompt_logprobs
         out = self.target(
             prompt, positions, self.cache, self.cache_lens, kv_len=num_prompt,
-            feature_layers=self.feature_layers, last_only=True,
+            feature_layers=self.feature_layers, last_only=not want_prompt,
         )
         first = self._choose(out.logits[:, -1])
+        prompt_logprobs = None
+        if want_prompt:
+            prompt_logprobs = self._logprobs(out.logits[0, :-1], prompt[0, 1:])
         self.cache_lens += num_prompt
         self.committed_len = num_prompt
         self.timer.mark("prefill")
@@ -162,7 +168,9 @@ class VerifySession:
             logprobs = self._logprobs(out.logits[0, -1:], first)
         self.bonus_token = int(first.item())
         self.timer.flush(self.stats)
-        return self._emit([self.bonus_token], out.features, 1, logprobs)
+        result = self._emit([self.bonus_token], out.features, 1, logprobs)
+        result.prompt_logprobs = prompt_logprobs
+        return result
 
     @torch.inference_mode()
     def verify(self, tree: DraftTree | None, first_child_only: bool = False,

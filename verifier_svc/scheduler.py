@@ -30,7 +30,7 @@ from ddtree.errors import InvalidArgumentError
 from ddtree.models.target import TargetModel
 from ddtree.stats import GenerationStats
 from ddtree.tree import DraftTree
-from ddtree.v1 import drafter_pb2
+from ddtree.v1 import drafter_pb2, verifier_pb2
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
 from verifier_svc.sessions import KVSlots, checked_tree
 
@@ -155,6 +155,17 @@ class Scheduler:
         """Aborts this very generation (a no-op once it finished, even if its id is reused)."""
         generation.aborted.set()
         self._jobs.put(self._reap_aborted)  # wakes an idle engine thread
+
+    def engine_stats(self, num_open_sessions: int) -> verifier_pb2.EngineStats:
+        """The load right now (read from RPC threads; counts are approximate by a round)."""
+        with self._lock:
+            num_known = len(self._known)
+        running = len(self._active)
+        return verifier_pb2.EngineStats(
+            num_running=running, num_waiting=max(0, num_known - running),
+            num_open_sessions=num_open_sessions, max_num_seqs=self.slots.max_sessions,
+            kv_usage=self.slots.in_use / self.slots.max_sessions,
+        )
 
     # ------------------------------------------------------------ the engine thread
 

@@ -62,6 +62,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             stop_token_ids=tuple(msg.stop_token_ids),
             ignore_eos=msg.ignore_eos,
             top_logprobs=msg.top_logprobs if msg.logprobs else -1,
+            prompt_logprobs=msg.prompt_logprobs,
         )
 
     @staticmethod
@@ -75,6 +76,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         )
         if result.logprobs is not None:
             response.logprobs.extend(codec.logprobs_to_proto(result.logprobs))
+        if result.prompt_logprobs is not None:
+            response.prompt_logprobs.extend(codec.logprobs_to_proto(result.prompt_logprobs))
         if result.finished and stats is not None:
             response.stats.CopyFrom(codec.stats_to_proto(stats))
         return response
@@ -134,6 +137,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         if outcome.features is not None:
             response.features.CopyFrom(codec.tensor_to_proto(outcome.features[0]))  # (A, k*H)
         return response
+
+    @unary
+    def GetStats(
+        self, request: verifier_pb2.StatsRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.EngineStats:
+        return self.scheduler.engine_stats(self.sessions.num_open)
 
     @unary
     def CloseSession(

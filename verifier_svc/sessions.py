@@ -186,6 +186,11 @@ class ClientSessions:
             features=result.features if return_features else None,
         )
 
+    @property
+    def num_open(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
     def _get(self, session_id: str) -> ClientSession:
         with self._lock:
             found = self._sessions.get(session_id)

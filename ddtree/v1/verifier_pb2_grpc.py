@@ -64,6 +64,11 @@ class VerifierStub:
                 request_serializer=ddtree_dot_v1_dot_verifier__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=ddtree_dot_v1_dot_verifier__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/ddtree.v1.Verifier/GetStats',
+                request_serializer=ddtree_dot_v1_dot_verifier__pb2.StatsRequest.SerializeToString,
+                response_deserializer=ddtree_dot_v1_dot_verifier__pb2.EngineStats.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -107,6 +112,13 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """The engine's load and counters (the gateway's /metrics reads them at scrape time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +151,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=ddtree_dot_v1_dot_verifier__pb2.CloseSessionRequest.FromString,
                     response_serializer=ddtree_dot_v1_dot_verifier__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=ddtree_dot_v1_dot_verifier__pb2.StatsRequest.FromString,
+                    response_serializer=ddtree_dot_v1_dot_verifier__pb2.EngineStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +320,33 @@ class Verifier:
             '/ddtree.v1.Verifier/CloseSession',
             ddtree_dot_v1_dot_verifier__pb2.CloseSessionRequest.SerializeToString,
             ddtree_dot_v1_dot_verifier__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ddtree.v1.Verifier/GetStats',
+            ddtree_dot_v1_dot_verifier__pb2.StatsRequest.SerializeToString,
+            ddtree_dot_v1_dot_verifier__pb2.EngineStats.FromString,
             options,
             channel_credentials,
             insecure,
