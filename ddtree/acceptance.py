@@ -1,5 +1,6 @@
 """The walk: which path of a verified draft tree the target accepts, and the next bonus
-token (docs/ALGORITHMS.md sections 3 and 4).
+token (docs/ALGORITHMS.md sections 3 and 4), for a batch whose rows each have their own
+sampling parameters and their own mode (the linear rule or the full tree).
 
 Greedy (temperature 0): from the root, move to the child whose token is the target's argmax
 at the current node, while one exists. Sampled: the target-only tree rule, lossless without
@@ -8,7 +9,9 @@ and accept child c with probability p(c) / (1 - mass of the distinct tokens alre
 rejected); if all are rejected, sample the bonus from p with the children's tokens removed.
 
 Every node's accept / reject outcome depends only on its parent's distribution, so all of
-them are drawn at once, before the walk; the walk itself is D gathers. No host sync.
+them are drawn at once, before the walk; the walk itself is D gathers. Random numbers come
+from `counter_uniform` (request seed, committed length), so a request's draws do not
+depend on its batch. No host sync.
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ddtree.sampling import SamplingParams, target_probs
+from ddtree.sampling import (
+    STREAM_ACCEPT,
+    STREAM_BONUS,
+    RowSampling,
+    counter_uniform,
+    row_target_probs,
+)
 from ddtree.tree import DraftTree
 
 
@@ -34,43 +43,50 @@ class WalkResult:
 
 
 def walk(
-    tree: DraftTree, logits: Tensor, params: SamplingParams,
-    generator: torch.Generator | None = None, first_child_only: bool = False,
-    max_depth: int | None = None,
+    tree: DraftTree, logits: Tensor, rows: RowSampling, counter: Tensor,
+    first_child_only: Tensor, max_depth: int,
 ) -> WalkResult:
     """Walks `tree` with the target's logits (B, 1+N, V) at every node.
 
-    first_child_only: consider only each node's lowest-index (rank-0) child, i.e. the
-    linear rule on the rank-0 chain (shadow and linear modes). max_depth: at most this many
-    steps (D; None = N). Uses `generator` (on the logits' device) for every random draw.
+    rows: each row's sampling parameters; counter: (B,) int64, a value the row never uses
+    twice (its committed length); first_child_only: (B,) bool, the linear rule on the
+    rank-0 chain (each node's lowest-index child only; linear and shadow rows);
+    max_depth: at most this many steps (D). Padding nodes (`tree.valid` False) are never
+    accepted and never count as rejected children.
     """
     batch, num_rows, _ = logits.shape
     assert tree.tokens.shape == (batch, num_rows), "logits must have one row per tree node"
-    steps = num_rows - 1 if max_depth is None else max_depth
-    considered = _considered_children(tree.parents, first_child_only)  # (B, 1+N)
-    if params.is_greedy:
-        choice = logits.argmax(dim=-1)  # (B, 1+N): the target's token at each node
-        accepted = considered & (tree.tokens == choice.gather(1, tree.parents.clamp(min=0)))
-        path, length, last, _ = _follow(tree.parents, accepted, steps)
+    considered = _considered_children(tree, first_child_only)  # (B, 1+N)
+    choice = logits.argmax(dim=-1)  # (B, 1+N): the target's greedy token at each node
+    greedy_accepted = considered & (tree.tokens == choice.gather(1, tree.parents.clamp(min=0)))
+    if not rows.any_sampled:
+        path, length, last, _ = _follow(tree.parents, greedy_accepted, max_depth)
         return WalkResult(path, length, choice.gather(1, last[:, None])[:, 0])
-    probs = target_probs(logits, params)  # (B, 1+N, V)
-    accepted = _draw_acceptance(tree, probs, considered, generator)
-    path, length, last, at_limit = _follow(tree.parents, accepted, steps)
-    return WalkResult(path, length, _draw_bonus(tree, probs, considered, last, at_limit,
-                                                generator))
+    probs = row_target_probs(logits, rows)  # (B, 1+N, V)
+    uniform = counter_uniform(rows.seed, counter, STREAM_ACCEPT, num_rows)  # (B, 1+N)
+    sampled_accepted = _draw_acceptance(tree, probs, considered, uniform)
+    greedy = rows.is_greedy[:, None]
+    accepted = torch.where(greedy, greedy_accepted, sampled_accepted)
+    path, length, last, at_limit = _follow(tree.parents, accepted, max_depth)
+    race = counter_uniform(rows.seed, counter, STREAM_BONUS, probs.shape[-1])  # (B, V)
+    sampled_next = _draw_bonus(tree, probs, considered, last, at_limit, race)
+    next_token = torch.where(rows.is_greedy, choice.gather(1, last[:, None])[:, 0], sampled_next)
+    return WalkResult(path, length, next_token)
 
 
-def _considered_children(parents: Tensor, first_child_only: bool) -> Tensor:
+def _considered_children(tree: DraftTree, first_child_only: Tensor) -> Tensor:
     """(B, 1+N) bool: the nodes the walk may move to from their parent."""
+    parents = tree.parents
     batch, num_rows = parents.shape
     is_child = parents >= 0
-    if not first_child_only:
-        return is_child
+    if tree.valid is not None:
+        is_child = is_child & tree.valid
     index = torch.arange(num_rows, device=parents.device).expand(batch, num_rows)
     # first[b, p] = lowest-index child of p (num_rows = none); column num_rows absorbs the root.
     first = torch.full((batch, num_rows + 1), num_rows, device=parents.device)
     first.scatter_reduce_(1, torch.where(is_child, parents, num_rows), index, reduce="amin")
-    return is_child & (first.gather(1, parents.clamp(min=0)) == index)
+    is_first = first.gather(1, parents.clamp(min=0)) == index
+    return is_child & (is_first | ~first_child_only[:, None])
 
 
 def _follow(
@@ -98,9 +114,8 @@ def _follow(
     return torch.stack(path, dim=1), length, node, moving
 
 
-def _draw_acceptance(
-    tree: DraftTree, probs: Tensor, considered: Tensor, generator: torch.Generator | None
-) -> Tensor:
+def _draw_acceptance(tree: DraftTree, probs: Tensor, considered: Tensor,
+                     uniform: Tensor) -> Tensor:
     """(B, 1+N) bool: would node c be accepted once the walk stands at its parent and its
     earlier siblings were rejected? P = p(c) / (1 - mass of earlier distinct siblings), with
     p the parent's target distribution; 0 for a token an earlier sibling already had."""
@@ -118,17 +133,14 @@ def _draw_acceptance(
     # and then one of them is accepted with certainty: any probability here is unreachable.
     accept = (mass / (1 - rejected_mass).clamp(min=1e-30)).clamp(max=1.0)
     accept = torch.where(considered & ~repeat, accept, 0.0)
-    uniform = torch.rand(batch, num_rows, generator=generator, device=probs.device)
     return uniform < accept
 
 
-def _draw_bonus(
-    tree: DraftTree, probs: Tensor, considered: Tensor, last: Tensor, at_limit: Tensor,
-    generator: torch.Generator | None,
-) -> Tensor:
+def _draw_bonus(tree: DraftTree, probs: Tensor, considered: Tensor, last: Tensor,
+                at_limit: Tensor, race: Tensor) -> Tensor:
     """(B,) the next bonus token: a sample from p at the last node with the tokens of its
     rejected children removed. When the walk stopped at max_depth its children were never
-    tried, so nothing is removed."""
+    tried, so nothing is removed. race: (B, V) uniforms."""
     batch, _, vocab = probs.shape
     dist = probs.gather(1, last[:, None, None].expand(batch, 1, vocab))[:, 0]  # (B, V)
     rejected = considered & (tree.parents == last[:, None]) & ~at_limit[:, None]  # (B, 1+N)
@@ -136,6 +148,10 @@ def _draw_bonus(
     residual = dist.masked_fill(removed > 0, 0.0)
     # All mass removed only through rounding (the children held ~all of it): keep p then.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, dist)
-    # Exponential race: argmax r_i / E_i with E_i ~ Exp(1) picks i with probability r_i / sum r.
-    race = torch.empty_like(residual).exponential_(generator=generator).clamp_(min=1e-30)
-    return (residual / race).argmax(dim=-1)
+    return sample_race(residual, race)
+
+
+def sample_race(weights: Tensor, uniform: Tensor) -> Tensor:
+    """(B,) index i with probability weights[b, i] / sum_i weights[b, i], from uniforms
+    (B, V) in (0, 1): the exponential race argmax w_i / E_i, E_i = -log u_i ~ Exp(1)."""
+    return (weights / -torch.log(uniform)).argmax(dim=-1)

@@ -107,3 +107,102 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     else:
         generator.manual_seed(seed)
     return generator
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True, eq=False)
+class RowSampling:
+    """Per-row sampling parameters of a batch, on the device: temperature (B,) float32 (0 =
+    greedy), top_k (B,) int64 (0 = off), top_p (B,) float32 (1 = off), seed (B,) int64.
+    `any_sampled` / `any_filtered` are host flags fixed per compiled variant: whether any
+    row samples, and whether any row uses top-k / top-p (a full sort of each row)."""
+
+    temperature: Tensor
+    top_k: Tensor
+    top_p: Tensor
+    seed: Tensor
+    any_sampled: bool
+    any_filtered: bool
+
+    @property
+    def is_greedy(self) -> Tensor:
+        return self.temperature == 0
+
+
+def row_target_probs(logits: Tensor, rows: RowSampling) -> Tensor:
+    """logits (B, M, V) -> (B, M, V) float32: `target_probs` with each row's own
+    parameters (greedy rows get a one-hot on the argmax). Same definition, same tie rule."""
+    greedy = rows.is_greedy[:, None, None]
+    one_hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    if not rows.any_sampled:
+        return one_hot
+    temperature = torch.where(rows.is_greedy, 1.0, rows.temperature)
+    scaled = logits.float() / temperature[:, None, None]  # (B, M, V)
+    if rows.any_filtered:
+        probs = _filtered_probs(scaled, rows)
+    else:
+        probs = torch.softmax(scaled, dim=-1)
+    return torch.where(greedy, one_hot, probs)
+
+
+def _filtered_probs(scaled: Tensor, rows: RowSampling) -> Tensor:
+    """Top-k then top-p per row on scaled logits (B, M, V), one sort of the vocabulary."""
+    vocab = scaled.shape[-1]
+    values, order = scaled.sort(dim=-1, descending=True)  # (B, M, V)
+    k = torch.where((rows.top_k > 0) & (rows.top_k < vocab), rows.top_k, vocab)  # (B,)
+    kth = values.gather(-1, (k - 1)[:, None, None].expand(*values.shape[:2], 1))
+    scaled = scaled.masked_fill(scaled < kth, -math.inf)
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_probs = probs.gather(-1, order)  # (B, M, V) decreasing
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    top_p = rows.top_p[:, None, None]
+    num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)  # (B, M, 1)
+    cutoff = sorted_probs.gather(-1, num_kept - 1)
+    kept = probs.masked_fill(probs < cutoff, 0.0)
+    nucleus = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.where(top_p < 1, nucleus, probs)
+
+
+# ---------------------------------------------------------------------------- randomness
+# Counter-based: a draw is a hash of (request seed, committed length, stream, index), so a
+# request's random numbers never depend on which other requests share its batch, and no
+# generator state has to live in (or be captured by) a CUDA graph.
+
+_MASK32 = 0xFFFFFFFF
+STREAM_ACCEPT, STREAM_BONUS, STREAM_FIRST = 0, 1, 2
+
+
+def _mul32(x: Tensor, constant: int) -> Tensor:
+    """(x * constant) mod 2^32 for x in [0, 2^32) without int64 overflow."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer finaliser (xor-shift-multiply, full avalanche)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: Tensor, counter: Tensor, stream: int, size: int) -> Tensor:
+    """(B, size) float32 uniforms in (0, 1) from seed, counter: (B,) int64."""
+    h = _mix32(seed & _MASK32)
+    h = _mix32(h ^ ((seed >> 32) & _MASK32))
+    h = _mix32(h ^ (counter & _MASK32))
+    h = _mix32(h ^ stream)  # (B,)
+    index = torch.arange(size, device=seed.device)
+    bits = _mix32(h[:, None] ^ index[None, :]) >> 8  # (B, size), 24 random bits
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+def seed_to_int64(seed: int) -> int:
+    """Any accepted seed (-2^63 .. 2^64-1) as the int64 with the same low 64 bits."""
+    seed %= 1 << 64
+    return seed - (1 << 64) if seed >= 1 << 63 else seed

@@ -31,12 +31,16 @@ class DraftTree:
     lowest-index child is its rank-0 child.
     scores: (B, 1+N) float32 draft log-probability of each node's prefix (root 0), or None
     when the tree was not built here (a chain, a tree from the wire).
+    valid: (B, 1+N) bool, False for the padding nodes of a row whose tree is smaller than
+    the batch's node count (they are verified like any node but never accepted); None =
+    every node is real.
     """
 
     tokens: Tensor
     parents: Tensor
     depth: Tensor
     scores: Tensor | None = None
+    valid: Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -68,6 +72,56 @@ def build_tree(
     scores, tokens, parents, depth = _beam_union(rank_logp, rank_tokens, widths)  # (B, U) ...
     node_scores, pick = _top_sorted(scores, budget)  # (B, N): by score, depth, beam position
     return _assemble(bonus, pick, node_scores, tokens, parents, depth)
+
+
+def build_round_tree(
+    draft_logits: Tensor, bonus: Tensor, num_nodes: int, budget: Tensor,
+    force_chain: Tensor, max_topk: Tensor,
+) -> DraftTree:
+    """One round's trees for a batch whose rows differ in mode and budget, in one static
+    shape (B, 1 + num_nodes), no host sync.
+
+    draft_logits: (B, L, V); bonus: (B,); budget: (B,) int64 real nodes of each row (0 = the
+    root alone, an ar row); force_chain: (B,) bool, the rank-0 chain of the block comes
+    first (its depth order), the rest by score (linear rows: budget L; shadow rows: budget
+    >= L); max_topk: (B,) int64 branching cap per depth, 0 = none. Row b's first budget[b]
+    nodes are exactly `build_tree(..., budget[b], max_topk[b])`'s nodes (or the chain plus
+    the best others); nodes past them are padding (`valid` False, parent the root).
+    Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L."""
+    batch, num_levels, vocab = draft_logits.shape
+    num_ranks = min(num_nodes, vocab)
+    logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
+    rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)
+    rank = torch.arange(num_ranks, device=logp.device)
+    capped = (max_topk[:, None] > 0) & (rank[None, :] >= max_topk[:, None])  # (B, K)
+    rank_logp = logp.gather(-1, rank_tokens).masked_fill(capped[:, None, :], float("-inf"))
+    widths = _beam_widths(num_nodes, num_ranks, num_levels)
+    scores, tokens, parents, depth = _beam_union(rank_logp, rank_tokens, widths)  # (B, U)
+    order = scores.sort(dim=-1, descending=True, stable=True).indices  # (B, U)
+    # The chain's entry of each depth is the first of its beam (the best prefix of a
+    # factorised distribution takes the top token at every depth).
+    is_chain = _chain_entries(widths, logp.device)  # (U,)
+    first = (force_chain[:, None] & is_chain[None, :]).gather(1, order)  # (B, U)
+    order = order.gather(1, first.byte().sort(dim=-1, descending=True, stable=True).indices)
+    pick = order[:, :num_nodes]  # (B, N)
+    tree = _assemble(bonus, pick, scores.gather(1, pick), tokens, parents, depth)
+    index = torch.arange(1, num_nodes + 1, device=logp.device)
+    real = (index[None, :] <= budget[:, None]) & (tree.scores[:, 1:] > float("-inf"))
+    valid = torch.cat([torch.ones_like(real[:, :1]), real], dim=1)  # (B, 1+N)
+    zero = torch.zeros_like(tree.tokens)
+    return DraftTree(
+        tokens=torch.where(valid, tree.tokens, zero),
+        parents=torch.where(valid, tree.parents, zero),
+        depth=torch.where(valid, tree.depth, zero + 1),
+        scores=tree.scores, valid=valid,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _chain_entries(widths: tuple[int, ...], device: torch.device) -> Tensor:
+    """(U,) bool: the first union entry of every depth."""
+    flags = [torch.arange(width, device=device) == 0 for width in widths]
+    return torch.cat(flags)
 
 
 def _beam_union(

@@ -4,9 +4,10 @@ extra keys/values ("KV injection"). It has no embedding table or LM head: it bor
 target's (`TargetEmbeddings`).
 
 Two paths share the layers:
-- inference (`append_context` + `draft`): each layer's context K/V depend only on the fused
-  context vector, so they are computed once when a token is committed and kept in an
-  append-only `KVCache`; the block's own K/V are recomputed every round and never stored.
+- inference (`append_context` + `draft`, a whole batch of pool rows at once): each layer's
+  context K/V depend only on the fused context vector, so they are computed once when a
+  token is committed and kept in the drafter's KV pool (append-only per row); the block's
+  own K/V are written past the context as scratch every round and never committed.
 - training (`forward_blocks`): context K/V recomputed from the fused features, many blocks
   per sequence, visibility given by the caller's block mask.
 
@@ -27,10 +28,13 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ddtree.errors import CheckpointError, IncompatibleModelsError
+from ddtree.models import ops
 from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
-from ddtree.models.kv_cache import KVCache
+from ddtree.models.kv_pool import KVPool
 from ddtree.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, attend
-from ddtree.models.target import TargetEmbeddings
+from ddtree.models.meta import AttentionMeta, block_meta
+from ddtree.models.ops import REFERENCE, Backend
+from ddtree.models.target import TargetEmbeddings, fuse_rows
 from ddtree.models.target_config import TargetConfig
 
 MASK_EMBEDDING = "mask_embedding"
@@ -196,6 +200,8 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+        self.qkv_weight: Tensor | None = None
+        self.qkv_bias: Tensor | None = None
 
     def _split(self, x: Tensor, num_heads: int) -> Tensor:
         b, m, _ = x.shape
@@ -206,6 +212,25 @@ class DraftAttention(nn.Module):
         k = self.k_norm(self._split(self.k_proj(x), self.num_kv_heads)).transpose(1, 2)
         v = self._split(self.v_proj(x), self.num_kv_heads).transpose(1, 2)  # (B, Hkv, M, D)
         return apply_rope(k, cos, sin), v
+
+    def fuse(self) -> None:
+        """One [q | k | v] weight for inference (the projections stay as they are)."""
+        self.qkv_weight = fuse_rows([self.q_proj.weight, self.k_proj.weight,
+                                     self.v_proj.weight])
+        self.qkv_bias = (torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+                         if self.q_proj.bias is not None else None)
+
+    def forward_pool(self, backend: Backend, h: Tensor, meta: AttentionMeta, inv_freq: Tensor,
+                     k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Inference: h (T, H) normed block rows -> (T, H); the block's K/V are written
+        past each row's context (scratch) and attended together with the context."""
+        qkv = ops.linear(backend, h, self.qkv_weight, self.qkv_bias)
+        q = ops.rope_store(backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads,
+                           self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
+                           self.q_norm.eps)  # (T, Hq, D)
+        out = ops.attention(backend, q, k_cache, v_cache, meta, self.head_dim ** -0.5)
+        return ops.linear(backend, out.reshape(h.shape[0], -1), self.o_proj.weight,
+                          self.o_proj.bias)
 
     def forward(self, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
                 visible: Tensor) -> Tensor:
@@ -260,22 +285,64 @@ class DFlashDrafter(nn.Module):
         """features: (B, C, k*H) concatenated target layer outputs -> (B, C, H) context."""
         return self.hidden_norm(self.fc(features))
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        """An empty draft KV (context K/V only) for `batch` rows of `max_len` tokens."""
+    def new_pool(self, num_slots: int, max_len: int) -> KVPool:
+        """An empty draft KV pool (context K/V only) of `num_slots` rows of `max_len`."""
         c, w = self.config, self.fc.weight
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim,
-                       w.device, w.dtype)
+        return KVPool(c.num_hidden_layers, num_slots, max_len, c.num_key_value_heads,
+                      c.head_dim, w.device, w.dtype)
 
-    def append_context(self, cache: KVCache, cache_lens: Tensor, fused: Tensor,
-                       positions: Tensor) -> None:
-        """Writes every layer's context K (k_norm, RoPE at `positions`) and V of `fused`
-        (B, C, H) at slots `cache_lens[b] + j`. cache_lens: (B,) int64; positions: (B, C).
-        The caller advances `cache_lens` by C."""
-        slots = cache_lens[:, None] + torch.arange(fused.shape[1], device=fused.device)  # (B, C)
+    def fuse_weights(self) -> DFlashDrafter:
+        """Fused QKV and gate/up weights for inference (training keeps the modules)."""
+        for layer in self.layers:
+            draft_layer = cast(DraftLayer, layer)
+            draft_layer.self_attn.fuse()
+            mlp = draft_layer.mlp
+            mlp.gate_up_weight = fuse_rows([mlp.gate_proj.weight, mlp.up_proj.weight])
+        return self
+
+    def append_context(self, pool: KVPool, slots: Tensor, start: Tensor,
+                       fused: Tensor) -> None:
+        """Writes every layer's context K (k_norm, RoPE) and V of `fused` (B, C, H) at
+        slots start[b] + j of rows `slots` (B,); start: (B,) int64, also the position of
+        the first row. No host sync; the caller advances its lengths by the rows it
+        means to keep (rows past them are overwritten by the next block)."""
+        num_new = fused.shape[1]
+        positions = start[:, None] + torch.arange(num_new, device=fused.device)  # (B, C)
         cos, sin = self.rotary.cos_sin(positions, fused.dtype)
+        rows = slots[:, None].expand_as(positions)
         for i, layer in enumerate(self.layers):
             k, v = cast(DraftLayer, layer).self_attn.project_kv(fused, cos, sin)  # (B, Hkv, C, D)
-            cache.write(i, slots, k, v)
+            pool.k[i][rows, positions] = k.transpose(1, 2)  # (B, C, Hkv, D)
+            pool.v[i][rows, positions] = v.transpose(1, 2)
+
+    def draft(self, pool: KVPool, slots: Tensor, context_len: Tensor, bonus: Tensor,
+              embeddings: TargetEmbeddings, backend: Backend = REFERENCE) -> Tensor:
+        """One block per row, no host sync. slots: (B,) pool rows; context_len: (B,) their
+        committed context (the block starts at that position); bonus: (B,) -> (B, L, V)
+        float32 logits of block positions 1..b-1."""
+        block_size = self.config.block_size
+        batch = slots.shape[0]
+        meta = block_meta(slots, context_len, block_size, pool.max_len)
+        x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
+        x = x.reshape(batch * block_size, -1)  # (T, H)
+        residual: Tensor | None = None
+        inv_freq = self.rotary.inv_freq
+        for i, module in enumerate(self.layers):
+            layer = cast(DraftLayer, module)
+            h, residual = ops.rms_norm(backend, x, layer.input_layernorm.weight,
+                                       layer.input_layernorm.eps, residual)
+            attn = layer.self_attn.forward_pool(backend, h, meta, inv_freq, pool.k[i],
+                                                pool.v[i])
+            h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
+                                       layer.post_attention_layernorm.eps, residual)
+            mlp = layer.mlp
+            assert mlp.gate_up_weight is not None, "call DFlashDrafter.fuse_weights() first"
+            gate_up = ops.linear(backend, h, mlp.gate_up_weight)
+            x = ops.linear(backend, ops.silu_mul(backend, gate_up), mlp.down_proj.weight)
+        h, _ = ops.rms_norm(backend, x, self.norm.weight, self.norm.eps, residual)
+        h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
+        logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)
+        return logits.view(batch, block_size - 1, -1)
 
     def block_embeddings(self, bonus: Tensor, embeddings: TargetEmbeddings,
                          block_size: int) -> Tensor:
@@ -301,28 +368,6 @@ class DFlashDrafter(nn.Module):
             ctx_k, ctx_v = context_kv(i)
             x = layer(x, ctx_k, ctx_v, cos, sin, visible)
         return self.norm(x)
-
-    def draft(self, cache: KVCache, cache_lens: Tensor, kv_len: int, bonus: Tensor,
-              embeddings: TargetEmbeddings, block_size: int) -> Tensor:
-        """One block per row, no host sync. cache_lens: (B,) committed context per row;
-        kv_len: context slots to read (>= max(cache_lens), clipped to the cache);
-        bonus: (B,) -> (B, L, V) float32 logits of block positions 1..b-1."""
-        kv_len = min(kv_len, cache.k.shape[3])
-        device = bonus.device
-        offsets = torch.arange(block_size, device=device)
-        positions = cache_lens[:, None] + offsets  # (B, b)
-        ctx_visible = torch.arange(kv_len, device=device) < cache_lens[:, None]  # (B, kv_len)
-        visible = torch.cat([
-            ctx_visible[:, None, :].expand(-1, block_size, -1),
-            torch.ones(bonus.shape[0], block_size, block_size, dtype=torch.bool, device=device),
-        ], dim=2)  # (B, b, kv_len + b): non-causal inside the block
-        x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        batch = bonus.shape[0]
-        h = self._run_layers(
-            x, lambda i: (cache.k[i, :batch, :, :kv_len], cache.v[i, :batch, :, :kv_len]),
-            cos, sin, visible)
-        return embeddings.logits(h[:, 1:])
 
     def forward_blocks(self, fused_ctx: Tensor, ctx_positions: Tensor, block_embeds: Tensor,
                        block_positions: Tensor, visible: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """Building blocks shared by the target and the DFlash drafter: RMSNorm, RoPE, SwiGLU MLP
-and masked grouped-query attention. Plain PyTorch; the Triton tree kernel replaces
-`attend` on the GPU later."""
+and masked grouped-query attention, in plain PyTorch: the DFlash training path and the
+modules whose weights checkpoints name. Inference runs through ddtree/models/ops.py."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_weight: Tensor | None = None  # [gate | up] for inference, see fuse()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

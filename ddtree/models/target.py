@@ -1,10 +1,12 @@
-"""The target model (Llama / Qwen3 / Qwen2 family) in plain PyTorch, and its loaders.
+"""The target model (Llama / Qwen3 / Qwen2 family) and its loaders.
 
-One forward serves prefill, plain decoding and tree verification: the M new tokens attend
-to the committed cache slots of their batch row plus the new slots their `tree_mask` row
-allows (causal when None). Module names mirror transformers' (`layers.{i}.self_attn.q_proj`,
-`norm`; the embedding table and LM head live in `embeddings`), so an HF checkpoint loads by
-name with a fixed `model.` prefix mapping and nothing else."""
+One forward serves prefill, plain decoding and tree verification for a whole batch: each
+new token attends to what its `AttentionMeta` entry says (its row's committed prefix in
+the KV pool, then its ancestors; ddtree/models/meta.py). Its operations run as Triton
+kernels on the GPU and as PyTorch references on the CPU (ddtree/models/ops.py). Module
+names mirror transformers' (`layers.{i}.self_attn.q_proj`, `norm`; the embedding table and
+LM head live in `embeddings`), so an HF checkpoint loads by name with a fixed `model.`
+prefix mapping and nothing else."""
 
 from __future__ import annotations
 
@@ -12,14 +14,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from ddtree.errors import CheckpointError, InvalidArgumentError
+from ddtree.models import ops
 from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
-from ddtree.models.kv_cache import KVCache
-from ddtree.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, attend
+from ddtree.models.kv_pool import KVPool
+from ddtree.models.layers import RMSNorm, Rotary
+from ddtree.models.meta import AttentionMeta
+from ddtree.models.ops import REFERENCE, Backend
 from ddtree.models.target_config import TargetConfig
 
 
@@ -50,33 +56,25 @@ class TargetEmbeddings(nn.Module):
 
 @dataclass
 class TargetOutput:
-    """logits: (B, M, V) float32, or (B, 1, V) with `last_only`; features: (B, M, k*H)
-    or None when no feature layers were requested."""
+    """logits: (T', V) float32 for the rows asked for (all T by default); features:
+    (T, k*H) or None when no feature layers were requested."""
 
     logits: Tensor
     features: Tensor | None
 
 
-@dataclass
-class _Step:
-    """What every layer of one forward shares."""
-
-    cos: Tensor  # (B, 1, M, D)
-    sin: Tensor  # (B, 1, M, D)
-    offsets: Tensor  # (B, M) cache slot of each new token
-    kv_len: int
-    visible: Tensor  # (B, M, kv_len) bool
-
-
 class Attention(nn.Module):
-    """Grouped-query self-attention over the cache; Qwen3 adds RMSNorm over D on q and k
-    before RoPE (`q_norm`, `k_norm`)."""
+    """Grouped-query self-attention over the KV pool; Qwen3 adds RMSNorm over D on q and k
+    before RoPE (`q_norm`, `k_norm`). q/k/v_proj keep their checkpoint names; after
+    `fuse()` they are views of one fused [q | k | v] weight (one GEMM)."""
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
         hidden, head_dim = config.hidden_size, config.head_dim
-        self.head_dim = head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads, config.num_kv_heads, head_dim)
         self.scale = 1.0 / math.sqrt(head_dim)
+        self.eps = config.rms_norm_eps
         qkv_bias = config.attention_bias
         self.q_proj = nn.Linear(hidden, config.num_heads * head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden, config.num_kv_heads * head_dim, bias=qkv_bias)
@@ -84,37 +82,76 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.num_heads * head_dim, hidden, bias=config.o_proj_bias)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.qkv_weight: Tensor | None = None
+        self.qkv_bias: Tensor | None = None
 
-    def forward(self, x: Tensor, step: _Step, cache: KVCache, layer: int) -> Tensor:
-        """x: (B, M, H) -> (B, M, H); writes this layer's new K/V into `cache`."""
-        batch, num_new, _ = x.shape
-        q = self.q_proj(x).view(batch, num_new, -1, self.head_dim)  # (B, M, Hq, D)
-        k = self.k_proj(x).view(batch, num_new, -1, self.head_dim)  # (B, M, Hkv, D)
-        v = self.v_proj(x).view(batch, num_new, -1, self.head_dim)  # (B, M, Hkv, D)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), step.cos, step.sin)  # (B, Hq, M, D)
-        k = apply_rope(k.transpose(1, 2), step.cos, step.sin)  # (B, Hkv, M, D)
-        cache.write(layer, step.offsets, k, v.transpose(1, 2))
-        keys = cache.k[layer, :, :, :step.kv_len]  # (B, Hkv, S, D)
-        values = cache.v[layer, :, :, :step.kv_len]  # (B, Hkv, S, D)
-        out = attend(q, keys, values, step.visible, self.scale)  # (B, Hq, M, D)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, -1))  # (B, M, Hq*D)
+    def fuse(self) -> None:
+        """One [q | k | v] weight; the three projections become views of it (no copy kept)."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = fuse_rows([p.weight for p in projections])
+        for proj, view in zip(projections, _row_views(self.qkv_weight, projections), strict=True):
+            proj.weight = nn.Parameter(view, requires_grad=False)
+        if self.q_proj.bias is not None:
+            self.qkv_bias = torch.cat([p.bias for p in projections])  # type: ignore[misc]
+
+    def forward(self, backend: Backend, x: Tensor, meta: AttentionMeta, inv_freq: Tensor,
+                k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """x: (T, H) normed -> (T, H); stores this layer's new K/V in the pool layer."""
+        assert self.qkv_weight is not None, "call TargetModel.fuse_weights() after loading"
+        qkv = ops.linear(backend, x, self.qkv_weight, self.qkv_bias)  # (T, (Hq+2Hkv)*D)
+        q = ops.rope_store(
+            backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads, self.num_kv_heads,
+            self.q_norm.weight if self.q_norm is not None else None,
+            self.k_norm.weight if self.k_norm is not None else None, self.eps)  # (T, Hq, D)
+        out = ops.attention(backend, q, k_cache, v_cache, meta, self.scale)  # (T, Hq, D)
+        return ops.linear(backend, out.reshape(x.shape[0], -1), self.o_proj.weight,
+                          self.o_proj.bias)
+
+
+class MLP(nn.Module):
+    """The SwiGLU MLP, down(silu(gate(x)) * up(x)), with gate and up fused by `fuse()`."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_weight: Tensor | None = None
+
+    def fuse(self) -> None:
+        projections = (self.gate_proj, self.up_proj)
+        self.gate_up_weight = fuse_rows([p.weight for p in projections])
+        for proj, view in zip(projections, _row_views(self.gate_up_weight, projections),
+                              strict=True):
+            proj.weight = nn.Parameter(view, requires_grad=False)
+
+    def forward(self, backend: Backend, x: Tensor) -> Tensor:
+        """x: (T, H) -> (T, H)."""
+        assert self.gate_up_weight is not None, "call TargetModel.fuse_weights() after loading"
+        gate_up = ops.linear(backend, x, self.gate_up_weight)  # (T, 2I)
+        return ops.linear(backend, ops.silu_mul(backend, gate_up), self.down_proj.weight)
+
+
+def fuse_rows(weights: list[Tensor]) -> Tensor:
+    """Concatenates (N_i, K) weights along N, freeing nothing the caller still holds."""
+    return torch.cat([w.detach() for w in weights], dim=0).contiguous()
+
+
+def _row_views(fused: Tensor, projections: Sequence[nn.Linear]) -> list[Tensor]:
+    sizes = [p.weight.shape[0] for p in projections]
+    return list(fused.split(sizes, dim=0))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
+    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h)). The residual add
+    is fused into the next norm (`ops.rms_norm` with a residual)."""
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
-
-    def forward(self, x: Tensor, step: _Step, cache: KVCache, layer: int) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), step, cache, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
 
 def build_rotary(config: TargetConfig) -> Rotary:
@@ -144,24 +181,9 @@ def llama3_inv_freq(inv_freq: Tensor, config: TargetConfig) -> Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def visible_slots(cache_lens: Tensor, kv_len: int, new_mask: Tensor) -> Tensor:
-    """Which key slots each new token sees; no host sync.
-
-    cache_lens: (B,) int64 committed length per row; new_mask: (B, M, M) bool, query m may
-    see new token j. Returns (B, M, kv_len) bool: slot s is visible to query m of row b iff
-    s < cache_lens[b], or s == cache_lens[b] + j with new_mask[b, m, j]."""
-    batch, num_new, _ = new_mask.shape
-    slots = torch.arange(kv_len, device=cache_lens.device)
-    rel = slots[None, :] - cache_lens[:, None]  # (B, S) slot index among the new tokens
-    is_new = (rel >= 0) & (rel < num_new)  # (B, S)
-    index = rel.clamp(0, num_new - 1)[:, None, :].expand(batch, num_new, kv_len)  # (B, M, S)
-    sees_new = new_mask.gather(2, index) & is_new[:, None, :]  # (B, M, S)
-    return (rel < 0)[:, None, :] | sees_new
-
-
 class TargetModel(nn.Module):
-    """The target LM. `forward` never syncs with the host and never changes `cache_lens`:
-    the caller decides which of the new rows to commit (see KVCache.compact)."""
+    """The target LM over a KV pool. `forward` never syncs with the host and never decides
+    what is committed: the caller owns the lengths and compacts the pool."""
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
@@ -171,62 +193,61 @@ class TargetModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = build_rotary(config)
+        self.backend = REFERENCE
 
-    def new_cache(self, batch: int, max_len: int) -> KVCache:
-        """An empty cache for `batch` rows of up to `max_len` slots, on the model's device
-        and in its dtype."""
+    def fuse_weights(self) -> TargetModel:
+        """Fused QKV and gate/up weights (call once after loading the weights)."""
+        for layer in self.layers:
+            cast(DecoderLayer, layer).self_attn.fuse()
+            cast(DecoderLayer, layer).mlp.fuse()
+        return self
+
+    def new_pool(self, num_slots: int, max_len: int) -> KVPool:
+        """An empty pool of `num_slots` rows of `max_len` slots, on the model's device and
+        in its dtype."""
         weight = self.embeddings.embed_tokens.weight
         c = self.config
-        return KVCache(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim,
-                       weight.device, weight.dtype)
+        return KVPool(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
+                      weight.device, weight.dtype)
 
     def forward(
         self,
         input_ids: Tensor,
-        positions: Tensor,
-        cache: KVCache,
-        cache_lens: Tensor,
-        kv_len: int,
-        tree_mask: Tensor | None = None,
+        meta: AttentionMeta,
+        pool: KVPool,
         feature_layers: Sequence[int] = (),
-        last_only: bool = False,
+        logit_rows: Tensor | None = None,
     ) -> TargetOutput:
-        """Runs M new tokens per row against the cache.
+        """Runs T new tokens against the pool.
 
-        input_ids, positions: (B, M) int64; cache_lens: (B,) int64; tree_mask: (B, M, M)
-        bool, query m sees new token j iff tree_mask[b, m, j] (None = causal). Writes the
-        new K/V at slots `cache_lens[b] + j`; keys are read from slots [0, kv_len), so
-        `kv_len >= max(cache_lens) + M`. Logits: (B, M, V) float32 ((B, 1, V) for the last
-        row with `last_only`). Features: (B, M, k*H), the outputs of decoder layers
+        input_ids: (T,) int64, one per entry of `meta` (which says where each token's K/V
+        go and what it attends to). Logits: (T', V) float32 for `logit_rows` (T',) (all
+        rows when None). Features: (T, k*H), the outputs of decoder layers
         `feature_layers` in the given order, equal to transformers' hidden_states[l + 1]
         (for the last layer that is after the final norm, as transformers returns it)."""
         self._check_feature_layers(feature_layers)
-        batch, num_new = input_ids.shape
-        if tree_mask is None:
-            causal = torch.ones(num_new, num_new, dtype=torch.bool, device=input_ids.device)
-            tree_mask = causal.tril().expand(batch, num_new, num_new)  # (B, M, M)
-        h = self.embeddings.embed(input_ids)  # (B, M, H)
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)
-        offsets = cache_lens[:, None] + torch.arange(num_new, device=input_ids.device)  # (B, M)
-        step = _Step(cos, sin, offsets, kv_len, visible_slots(cache_lens, kv_len, tree_mask))
+        assert input_ids.shape == (meta.num_tokens,), "one input id per meta entry"
+        backend, inv_freq = self.backend, self.rotary.inv_freq
+        delta = self.embeddings.embed(input_ids)  # (T, H)
+        residual: Tensor | None = None
         captured: dict[int, Tensor] = {}
-        for index, layer in enumerate(self.layers):
-            h = layer(h, step, cache, index)
-            if index in feature_layers:
-                captured[index] = h
-        return self._head(h, captured, feature_layers, last_only)
-
-    def _head(self, h: Tensor, captured: dict[int, Tensor], feature_layers: Sequence[int],
-              last_only: bool) -> TargetOutput:
-        """Final norm + LM head on the last layer's output h (B, M, H), and the features."""
+        for index, module in enumerate(self.layers):
+            layer = cast(DecoderLayer, module)
+            h, residual = ops.rms_norm(backend, delta, layer.input_layernorm.weight,
+                                       layer.input_layernorm.eps, residual)
+            if index - 1 in feature_layers:
+                captured[index - 1] = residual  # the output of the previous layer
+            attn = layer.self_attn(backend, h, meta, inv_freq, pool.k[index], pool.v[index])
+            h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
+                                       layer.post_attention_layernorm.eps, residual)
+            delta = layer.mlp(backend, h)
+        h, _ = ops.rms_norm(backend, delta, self.norm.weight, self.norm.eps, residual)
         last_layer = self.config.num_layers - 1
-        if last_only and last_layer not in captured:
-            h = self.norm(h[:, -1:])  # (B, 1, H): prefill needs only the next token
-        else:
-            h = self.norm(h)
-            if last_layer in captured:
-                captured[last_layer] = h  # transformers reports the last layer normed
-        logits = self.embeddings.logits(h[:, -1:] if last_only else h)
+        if last_layer in feature_layers:
+            captured[last_layer] = h  # transformers reports the last layer normed
+        if logit_rows is not None:
+            h = h.index_select(0, logit_rows)
+        logits = ops.linear(backend, h, self.embeddings.lm_head.weight, out_dtype=torch.float32)
         if not feature_layers:
             return TargetOutput(logits, None)
         return TargetOutput(logits, torch.cat([captured[i] for i in feature_layers], dim=-1))
@@ -288,7 +309,8 @@ def load_target(path: Path | str, device: torch.device | str, dtype: torch.dtype
     _assign_weights(model, "", tensors, path, config.tie_word_embeddings)
     model.embeddings.tie()
     model.rotary = build_rotary(config).to(device)  # inv_freq stays float32
-    return model.eval().requires_grad_(False)
+    model.backend = Backend.for_device(torch.device(device))
+    return model.eval().requires_grad_(False).fuse_weights()
 
 
 def load_target_embeddings(path: Path | str, device: torch.device | str,

@@ -1,0 +1,100 @@
+"""The engine's configuration and the plan of its memory: how many pool rows fit, and the
+static shapes (batch buckets x node buckets) rounds are captured in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddtree.errors import InvalidArgumentError
+from ddtree.models.kv_pool import KVPool
+from ddtree.models.target_config import TargetConfig
+
+# Without a GPU the pool comes out of host memory: stay modest by default.
+CPU_KV_BYTES = 2 << 30
+# On a GPU: this fraction of the memory free once the models are loaded.
+GPU_KV_FRACTION = 0.5
+NODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """max_num_seqs: generations (and client sessions) holding a pool row at once;
+    max_queue: admitted requests waiting for a row (more get CapacityError -> 429);
+    max_model_len: prompt + generated tokens per row (0 = the target's);
+    kv_memory_bytes: the pool's budget (0 = auto); max_budget: largest tree a request may
+    ask for; cuda_graphs / invariant: capture rounds / batch-invariant GEMMs (GPU only);
+    max_prefill_tokens: prompt tokens prefilled per step before the round runs;
+    session_idle_timeout_s: a client session unused this long is closed."""
+
+    max_num_seqs: int = 64
+    max_queue: int = 1024
+    max_model_len: int = 0
+    kv_memory_bytes: int = 0
+    max_budget: int = 256
+    cuda_graphs: bool = True
+    invariant: bool = True
+    max_prefill_tokens: int = 8192
+    session_idle_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_queue < 0:
+            raise InvalidArgumentError("max_num_seqs must be >= 1 and max_queue >= 0")
+        if self.max_model_len < 0 or self.kv_memory_bytes < 0 or self.max_budget < 1:
+            raise InvalidArgumentError(
+                "max_model_len and kv_memory_bytes must be >= 0, max_budget >= 1")
+        if self.session_idle_timeout_s <= 0 or self.max_prefill_tokens < 1:
+            raise InvalidArgumentError(
+                "session_idle_timeout_s must be > 0 and max_prefill_tokens >= 1")
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """num_slots rows of max_len token slots; the static shapes rounds run in."""
+
+    num_slots: int
+    max_model_len: int
+    max_len: int
+    batch_buckets: tuple[int, ...]
+    node_buckets: tuple[int, ...]
+
+    def batch_bucket(self, num_rows: int) -> int:
+        return next(b for b in self.batch_buckets if b >= num_rows)
+
+    def node_bucket(self, num_nodes: int) -> int:
+        if num_nodes == 0:
+            return 0
+        return next(n for n in self.node_buckets if n >= num_nodes)
+
+
+def plan_pool(config: EngineConfig, target: TargetConfig, device: torch.device,
+              dtype: torch.dtype, per_token_extra: int, draft_depth: int) -> PoolPlan:
+    """Sizes the pool: rows of `max_model_len` + one tree, as many as the memory budget
+    allows up to max_num_seqs. per_token_extra: bytes per token slot of the drafter's
+    context pool (0 without a local drafter). draft_depth: L (0 without a drafter)."""
+    max_model_len = config.max_model_len or target.max_position_embeddings
+    max_nodes = max(config.max_budget, draft_depth)
+    max_len = max_model_len + max_nodes + 1
+    per_token = KVPool.bytes_per_token(target.num_layers, target.num_kv_heads,
+                                       target.head_dim, dtype) + per_token_extra
+    budget = config.kv_memory_bytes or _auto_budget(device)
+    num_slots = min(config.max_num_seqs, budget // (per_token * max_len))
+    if num_slots < 1:
+        raise InvalidArgumentError(
+            f"the KV budget of {budget / 2**30:.2f} GiB holds no row of {max_len} tokens "
+            f"({per_token * max_len / 2**30:.2f} GiB each): lower --max-model-len or raise "
+            "the KV memory budget")
+    batches = sorted({b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < num_slots}
+                     | {num_slots})
+    nodes = {n for n in NODE_BUCKETS if n < max_nodes} | {max_nodes}
+    if draft_depth:
+        nodes.add(draft_depth)
+    return PoolPlan(num_slots, max_model_len, max_len, tuple(batches), tuple(sorted(nodes)))
+
+
+def _auto_budget(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_KV_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * GPU_KV_FRACTION)

@@ -1,0 +1,263 @@
+"""The engine: a pool of rows, a bounded admission queue, and `step()`, one round for every
+active generation (ddtree/engine/round.py). `ddtree generate`, the in-process bench and
+verifier_svc all drive this one class.
+
+A step: drop aborted rows, admit waiting requests into free rows (each prefilled once,
+eagerly: its first token is that step's output), then run ONE round over all running rows
+in the smallest static bucket that holds them: the draft half (a captured graph with the
+local drafter, or the remote drafter's trees), the verify half (a captured graph), then a
+single device-to-host copy of the round's output table.
+
+Not thread-safe: one thread owns an Engine (verifier_svc's engine thread, or the caller).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ddtree.engine.config import EngineConfig, PoolPlan, plan_pool
+from ddtree.engine.drafting import Drafting, LocalDrafter
+from ddtree.engine.graphs import GraphRunner
+from ddtree.engine.logprobs import token_logprobs
+from ddtree.engine.prefill import prefill_row
+from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult, TokenLogprob
+from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
+from ddtree.engine.rows import Row
+from ddtree.engine.state import RowParams, SlotAllocator, SlotState
+from ddtree.errors import CapacityError, InvalidArgumentError
+from ddtree.models.kv_pool import KVPool
+from ddtree.models.ops import Backend
+from ddtree.models.target import TargetModel
+from ddtree.stats import GenerationStats
+
+Output = tuple[str, RoundResult]
+
+
+@dataclass
+class EngineCounters:
+    """Since start-up; `batch_sizes[i]` = rounds that carried i rows."""
+
+    num_rounds: int = 0
+    num_target_forwards: int = 0
+    num_rejected: int = 0
+    num_expired_sessions: int = 0
+    batch_sizes: list[int] | None = None
+
+
+class Engine:
+    def __init__(self, target: TargetModel, drafting: Drafting | None,
+                 config: EngineConfig | None = None, plan: PoolPlan | None = None) -> None:
+        config = config or EngineConfig()
+        self.target, self.drafting, self.config = target, drafting, config
+        weight = target.embeddings.embed_tokens.weight
+        self.device, dtype = weight.device, weight.dtype
+        target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant)
+        depth = drafting.block_size - 1 if drafting is not None else 0
+        self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)
+        self.pool: KVPool = target.new_pool(self.plan.num_slots + 1, self.plan.max_len)
+        self.feature_layers = drafting.target_layer_ids if drafting is not None else ()
+        feature_width = len(self.feature_layers) * target.config.hidden_size
+        block = drafting.block_size if drafting is not None else 1
+        self.state = SlotState(self.plan.num_slots, block, feature_width, self.device, dtype)
+        self.slots = SlotAllocator(self.plan.num_slots)
+        self.graphs = GraphRunner(self.device, config.cuda_graphs)
+        self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
+        self.waiting: deque[Row] = deque()
+        self.running: dict[str, Row] = {}  # request id -> row, in admission order
+        self.sessions: dict[str, Row] = {}  # client sessions (OpenSession), see sessions.py
+        self._buffers: dict[tuple[int, int], RoundBuffers] = {}
+        self._eos = tuple(target.config.eos_token_ids)
+
+    # ------------------------------------------------------------ requests
+
+    @property
+    def max_model_len(self) -> int:
+        return self.plan.max_model_len
+
+    def add_request(self, request_id: str, request: GenerationRequest) -> None:
+        """Queues a generation; raises InvalidArgumentError (bad request, duplicate id) or
+        CapacityError (the queue is full) at once."""
+        try:
+            request.validate(self.target.config.vocab_size, self.max_model_len,
+                             self.config.max_budget)
+        except InvalidArgumentError:
+            self.counters.num_rejected += 1
+            raise
+        if request_id in self.running or any(r.request_id == request_id for r in self.waiting):
+            raise InvalidArgumentError(f"request_id {request_id!r} is already running")
+        if len(self.waiting) >= self.config.max_queue + self.slots.num_free:
+            self.counters.num_rejected += 1
+            raise CapacityError(f"the server is at capacity ({len(self.waiting)} requests wait)")
+        self.waiting.append(self._new_row(request_id, request))
+
+    def _new_row(self, request_id: str, request: GenerationRequest) -> Row:
+        drafting = self.drafting is not None and MODE_RULES[request.spec.mode].drafts
+        depth = self.drafting.block_size - 1 if self.drafting is not None else 0
+        mode = request.spec.mode if drafting else "ar"
+        num_nodes = MODE_RULES[mode].num_nodes(request.spec.budget, depth)
+        seed = request.sampling.seed
+        stats = GenerationStats(mode, request.spec.budget)
+        stats.num_prompt_tokens = len(request.prompt_ids)
+        return Row(request_id, request, num_nodes, request.stop_set(self._eos),
+                   seed if seed is not None else secrets.randbits(63), stats, drafting=drafting)
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a waiting or running generation at once (its row is free for the next
+        round); False when unknown."""
+        for row in list(self.waiting):
+            if row.request_id == request_id:
+                self.waiting.remove(row)
+                return True
+        row = self.running.pop(request_id, None)
+        if row is None:
+            return False
+        self._release(row)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------ the step
+
+    @torch.inference_mode()
+    def step(self) -> list[Output]:
+        """Admits what fits, then one round for every running row; returns each
+        generation's RoundResult of this step (prefill results first)."""
+        outputs = self._admit()
+        rows = list(self.running.values())
+        if rows:
+            outputs.extend(self._round(rows))
+        return outputs
+
+    def _admit(self) -> list[Output]:
+        outputs: list[Output] = []
+        budget = self.config.max_prefill_tokens
+        while self.waiting and self.slots.num_free and (budget > 0 or not outputs):
+            row = self.waiting.popleft()
+            slot = self.slots.allocate()
+            assert slot is not None
+            row.slot = slot
+            budget -= len(row.request.prompt_ids)
+            result = self._prefill(row)
+            outputs.append((row.request_id, result))
+            if row.finished:
+                self._release(row)
+            else:
+                self.running[row.request_id] = row
+        return outputs
+
+    def _prefill(self, row: Row) -> RoundResult:
+        started = time.perf_counter()
+        params = RowParams.of(row.request, row.num_nodes, row.seed)
+        layers = self.feature_layers if row.drafting else ()
+        first, features, prompt_logprobs, logprobs = prefill_row(
+            self.target, self.pool, self.state, row, params, layers)
+        self.counters.num_target_forwards += 1
+        if row.drafting and self.drafting is not None and features is not None:
+            self.drafting.start(row.slot, row.request_id, features)
+        row.committed_len = len(row.request.prompt_ids)
+        result = row.emit([first], 0, logprobs)
+        result.prompt_logprobs = prompt_logprobs
+        row.stats.stage_seconds["prefill"] += time.perf_counter() - started
+        return result
+
+    def _round(self, rows: list[Row]) -> list[Output]:
+        key = self._bucket(rows)
+        buffers = self._buffers_for(key)
+        slots = [row.slot for row in rows] + [self.state.scratch] * (key.batch - len(rows))
+        buffers.rows.copy_(torch.tensor(slots), non_blocking=True)
+        started = time.perf_counter()
+        if key.num_nodes:
+            self._draft(rows, key, buffers)
+        drafted = time.perf_counter()
+        layers = self.feature_layers if key.num_nodes else ()
+        verified_out = self._replay(("verify", key), buffers, lambda: verify_into(
+            self.state, self.target, self.pool, buffers, key, layers))
+        out = buffers.out.to("cpu")  # the round's one device-to-host copy (a sync)
+        verified = time.perf_counter()
+        self.counters.num_rounds += 1
+        self.counters.num_target_forwards += 1
+        assert self.counters.batch_sizes is not None
+        self.counters.batch_sizes[len(rows)] += 1
+        stages = {"draft": drafted - started, "verify": verified - drafted}
+        return self._harvest(rows, out.tolist(), verified_out.logits, buffers.width, stages)
+
+    def _draft(self, rows: list[Row], key: BucketKey, buffers: RoundBuffers) -> None:
+        drafting = self.drafting
+        assert drafting is not None
+        if isinstance(drafting, LocalDrafter):
+            self._replay(("draft", key.batch, key.num_nodes), buffers,
+                         lambda: draft_into(self.state, drafting, buffers))
+            return
+        propose: Callable[..., None] = drafting.propose
+        propose(self, rows, buffers)
+
+    def _replay(self, graph_key: Any, buffers: RoundBuffers, fn: Callable[[], Any]) -> Any:
+        """Runs fn through its graph, capturing it first (on scratch rows) if needed."""
+        if self.graphs.enabled and graph_key not in self.graphs:
+            real = buffers.rows.clone()
+            buffers.rows.fill_(self.state.scratch)
+            self.graphs.capture(graph_key, fn)
+            buffers.rows.copy_(real)
+        return self.graphs.run(graph_key, fn)
+
+    def _bucket(self, rows: list[Row]) -> BucketKey:
+        num_nodes = self.plan.node_bucket(max(row.num_nodes for row in rows))
+        sampled = any(not row.request.sampling.is_greedy for row in rows)
+        filtered = any(not row.request.sampling.is_greedy and (
+            row.request.sampling.top_k > 0 or row.request.sampling.top_p < 1) for row in rows)
+        return BucketKey(self.plan.batch_bucket(len(rows)), num_nodes, sampled, filtered)
+
+    def _buffers_for(self, key: BucketKey) -> RoundBuffers:
+        shape = (key.batch, key.num_nodes)
+        if shape not in self._buffers:
+            width = self.drafting.block_size if key.num_nodes and self.drafting else 1
+            self._buffers[shape] = RoundBuffers(key.batch, key.num_nodes, width, self.device)
+        return self._buffers[shape]
+
+    # ------------------------------------------------------------ after the round
+
+    def _harvest(self, rows: list[Row], out: list[list[int]], logits: Tensor, width: int,
+                 stages: dict[str, float]) -> list[Output]:
+        outputs: list[Output] = []
+        for index, row in enumerate(rows):
+            accepted, next_token = out[index][0], out[index][1]
+            tokens = out[index][2: 2 + accepted]
+            path = out[index][2 + width: 2 + width + accepted]
+            logprobs = None
+            if row.wants_logprobs:
+                logprobs = self._logprobs(row, logits[index], path, tokens[1:] + [next_token])
+            row.committed_len += accepted
+            for stage, seconds in stages.items():
+                row.stats.stage_seconds[stage] += seconds
+            row.stats.record_round(accepted, row.num_nodes)
+            result = row.emit(tokens[1:] + [next_token], accepted, logprobs)
+            result.num_drafted_nodes = row.num_nodes
+            result.committed_tokens, result.path = tokens, path
+            outputs.append((row.request_id, result))
+            if row.finished:
+                self.running.pop(row.request_id, None)
+                self._release(row)
+        return outputs
+
+    def _logprobs(self, row: Row, logits: Tensor, path: list[int],
+                  chosen: list[int]) -> list[TokenLogprob]:
+        """The target's logprobs of `chosen` at the path's nodes, logits: (1+N, V)."""
+        return token_logprobs(logits[torch.tensor(path, device=logits.device)],
+                              chosen, row.request.top_logprobs)
+
+    def _release(self, row: Row) -> None:
+        if row.slot >= 0:
+            self.slots.free(row.slot)
+            if row.drafting and self.drafting is not None:
+                self.drafting.release(row.slot, row.request_id)
+        row.slot = -1

@@ -1,0 +1,89 @@
+"""The drafting step behind one small interface, with two implementations:
+
+- `LocalDrafter` (here): the DFlash drafter on this process's device, its context KV pool
+  indexed by the engine's own slots, one batched forward for every row of a round; its
+  work is pure device code, captured in the round's CUDA graph. `ddtree generate`, the
+  in-process bench and drafter_svc all run it.
+- `verifier_svc.drafter_client.RemoteDrafter`: the same step over the gRPC Draft stream
+  (the drafter service runs a `LocalDrafter` on its side).
+
+The engine asks a drafter for: `start` (a row's prompt features once, after its prefill),
+`release` (the row ended) and, per round, draft trees for a batch of rows.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from ddtree.models.drafter import DFlashDrafter
+from ddtree.models.ops import Backend
+from ddtree.models.target import TargetEmbeddings
+from ddtree.tree import DraftTree, build_round_tree
+
+
+class Drafting(Protocol):
+    """What the engine needs of any drafter."""
+
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    in_graph: bool  # True: `draft_round` is device code the engine captures
+
+    def start(self, slot: int, request_id: str, features: Tensor) -> None: ...
+
+    def release(self, slot: int, request_id: str) -> None: ...
+
+
+class LocalDrafter:
+    """The drafter model plus its context pool (num_slots + 1 rows: the last is scratch)."""
+
+    in_graph = True
+
+    def __init__(self, drafter: DFlashDrafter, embeddings: TargetEmbeddings, num_slots: int,
+                 max_model_len: int, backend: Backend | None = None) -> None:
+        self.drafter = drafter.fuse_weights()
+        self.embeddings = embeddings
+        self.block_size = drafter.config.block_size
+        self.target_layer_ids = tuple(drafter.config.target_layer_ids)
+        device = embeddings.embed_tokens.weight.device
+        self.backend = backend or Backend.for_device(device)
+        # The context plus a block appended past it, plus a block drafted past that.
+        self.pool = drafter.new_pool(num_slots + 1, max_model_len + 2 * self.block_size)
+
+    @property
+    def depth(self) -> int:
+        """L: draft tokens per block."""
+        return self.block_size - 1
+
+    @torch.inference_mode()
+    def start(self, slot: int, request_id: str, features: Tensor) -> None:
+        """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..)."""
+        fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
+        device = fused.device
+        self.drafter.append_context(self.pool, torch.tensor([slot], device=device),
+                                    torch.zeros(1, dtype=torch.long, device=device), fused)
+
+    def release(self, slot: int, request_id: str) -> None:
+        """Nothing to free: the row's pool slot is reused as a whole."""
+
+    def draft_logits(self, rows: Tensor, committed: Tensor, pending: Tensor,
+                     num_pending: Tensor, bonus: Tensor) -> Tensor:
+        """Appends each row's pending context, drafts its block; no host sync.
+
+        rows, committed, num_pending, bonus: (B,) int64; pending: (B, b, k*H) features of
+        the rows at positions committed - num_pending .. committed - 1 (rows past
+        num_pending are ignored: the block overwrites them). -> (B, L, V) float32."""
+        fused = self.drafter.fuse(pending.to(self.drafter.fc.weight.dtype))  # (B, b, H)
+        self.drafter.append_context(self.pool, rows, committed - num_pending, fused)
+        return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
+                                  self.backend)
+
+
+def propose_trees(drafter: LocalDrafter, rows: Tensor, committed: Tensor, pending: Tensor,
+                  num_pending: Tensor, bonus: Tensor, num_nodes: int, budget: Tensor,
+                  force_chain: Tensor, max_topk: Tensor) -> DraftTree:
+    """One round's trees for a batch (B, 1 + num_nodes); see `build_round_tree`."""
+    logits = drafter.draft_logits(rows, committed, pending, num_pending, bonus)  # (B, L, V)
+    return build_round_tree(logits, bonus, num_nodes, budget, force_chain, max_topk)

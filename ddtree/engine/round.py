@@ -1,0 +1,136 @@
+"""THE ROUND, for every row of a batch at once, in device code only (no host sync, static
+shapes per bucket, so each half is captured in one CUDA graph):
+
+  draft:   append each row's newly committed features to the drafter's context, draft a
+           block per row, build each row's tree (ar rows: the root; linear: the chain;
+           tree: the best `budget` prefixes; shadow: the chain plus the best others)
+  verify:  ONE target forward over all trees (per-row positions committed + depth, each
+           node attending to its row's committed prefix and its ancestors)
+  walk:    per-row greedy or lossless sampled acceptance, linear rule or full tree
+  commit:  KV compaction of the accepted paths, the drafter's next features, lengths and
+           bonus tokens, and one small output table for the host to read
+
+The host reads only `RoundBuffers.out` after a round: (B, 2 + 2 Kt) int64 =
+[acceptance length, next bonus, committed tokens (Kt), path node indices (Kt)].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ddtree.acceptance import walk
+from ddtree.engine.drafting import LocalDrafter, propose_trees
+from ddtree.engine.state import (
+    BONUS,
+    BUDGET,
+    COMMITTED,
+    FIRST_CHILD,
+    FORCE_CHAIN,
+    MAX_TOPK,
+    PENDING,
+    SlotState,
+)
+from ddtree.models.kv_pool import KVPool
+from ddtree.models.meta import tree_meta
+from ddtree.models.target import TargetModel
+from ddtree.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    """A static round shape: batch rows, tree nodes besides the root (0 = ar only), and
+    the sampling variant (any row sampled; any row with top-k / top-p)."""
+
+    batch: int
+    num_nodes: int
+    sampled: bool = False
+    filtered: bool = False
+
+
+class RoundBuffers:
+    """The static tensors of one (batch, num_nodes) shape; the host writes `rows` (pool
+    slots, padding = scratch) and, with a remote drafter, the tree; it reads `out`."""
+
+    def __init__(self, batch: int, num_nodes: int, width: int, device: torch.device) -> None:
+        self.batch, self.num_nodes, self.width = batch, num_nodes, width
+        shape = (batch, 1 + num_nodes)
+        self.rows = torch.zeros(batch, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(shape, dtype=torch.long, device=device)
+        self.parents = torch.full(shape, -1, dtype=torch.long, device=device)
+        self.depth = torch.zeros(shape, dtype=torch.long, device=device)
+        self.valid = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.out = torch.zeros(batch, 2 + 2 * width, dtype=torch.long, device=device)
+
+    def tree(self) -> DraftTree:
+        return DraftTree(self.tokens, self.parents, self.depth, valid=self.valid)
+
+    def set_tree(self, tree: DraftTree) -> None:
+        self.tokens.copy_(tree.tokens)
+        self.parents.copy_(tree.parents)
+        self.depth.copy_(tree.depth)
+        assert tree.valid is not None
+        self.valid.copy_(tree.valid)
+
+
+def draft_into(state: SlotState, drafter: LocalDrafter, buffers: RoundBuffers) -> None:
+    """The draft half: trees for every row of `buffers.rows`, written into `buffers`."""
+    assert state.pending is not None, "drafting needs the target's features"
+    rows = buffers.rows
+    tree = propose_trees(
+        drafter, rows, state.column(rows, COMMITTED), state.pending[rows],
+        state.column(rows, PENDING), state.column(rows, BONUS), buffers.num_nodes,
+        state.column(rows, BUDGET), state.column(rows, FORCE_CHAIN).bool(),
+        state.column(rows, MAX_TOPK))
+    buffers.set_tree(tree)
+
+
+@dataclass(frozen=True, eq=False)
+class VerifyOutput:
+    """logits: (B, 1+N, V) float32 (the host reads logprobs from them when a row asks);
+    path_features: (B, Kt, k*H) the target features of each row's path nodes, or None."""
+
+    logits: Tensor
+    path_features: Tensor | None
+
+
+def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: RoundBuffers,
+                key: BucketKey, feature_layers: Sequence[int],
+                keep_pending: bool = True) -> VerifyOutput:
+    """The verify half: one target forward over every row's tree, walk, commit; fills
+    `buffers.out`. With `keep_pending` the path's features become each row's pending
+    drafter context (`state.pending`, which is b rows wide)."""
+    rows = buffers.rows
+    committed = state.column(rows, COMMITTED)  # (B,)
+    bonus = state.column(rows, BONUS)
+    if key.num_nodes == 0:
+        zeros = torch.zeros_like(bonus)[:, None]
+        tree = DraftTree(bonus[:, None], zeros - 1, zeros)
+    else:
+        tree = buffers.tree()
+    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width, pool.max_len)
+    out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
+    batch, num_rows = tree.tokens.shape
+    logits = out.logits.view(batch, num_rows, -1)  # (B, 1+N, V)
+    sampling = state.sampling(rows, key.sampled, key.filtered)
+    first_child = state.column(rows, FIRST_CHILD).bool()
+    walked = walk(tree, logits, sampling, committed, first_child, buffers.width - 1)
+    accepted = walked.acceptance_length  # (B,)
+    pool.compact(rows, committed, walked.path)
+    path_features = None
+    if out.features is not None:
+        features = out.features.view(batch, num_rows, -1)
+        index = walked.path[:, :, None].expand(-1, -1, features.shape[-1])  # (B, Kt, k*H)
+        path_features = features.gather(1, index)
+        if keep_pending and state.pending is not None:
+            state.pending[rows] = path_features.to(state.pending.dtype)
+            state.ints[rows, PENDING] = accepted
+    state.ints[rows, COMMITTED] = committed + accepted
+    state.ints[rows, BONUS] = walked.next_token
+    state.reset_scratch()
+    buffers.out.copy_(torch.cat([accepted[:, None], walked.next_token[:, None],
+                                 tree.tokens.gather(1, walked.path), walked.path], dim=1))
+    return VerifyOutput(logits, path_features)

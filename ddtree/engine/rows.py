@@ -1,0 +1,51 @@
+"""The host's side of one generation in the engine: its pool slot, what it asked for, its
+statistics, and the rule that turns committed tokens into what is streamed (trimmed at the
+first stop token, excluded, or at max_tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddtree.engine.request import GenerationRequest, RoundResult, TokenLogprob
+from ddtree.stats import GenerationStats
+
+
+@dataclass
+class Row:
+    """A generation holding pool slot `slot` (set once admitted)."""
+
+    request_id: str
+    request: GenerationRequest
+    num_nodes: int  # tree nodes per round besides the root (0 = ar)
+    stops: frozenset[int]
+    seed: int
+    stats: GenerationStats
+    slot: int = -1
+    committed_len: int = 0
+    bonus_token: int = -1  # client sessions: the root their next tree must have
+    finished: bool = False
+    aborted: bool = False
+    drafting: bool = False  # the drafter holds this row's context
+    last_used_s: float = 0.0  # client sessions: for the idle timeout
+    pending_out: list[RoundResult] = field(default_factory=list)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.request.top_logprobs >= 0
+
+    def emit(self, tokens: list[int], accepted: int,
+             logprobs: list[TokenLogprob] | None) -> RoundResult:
+        """Trims at the first stop token (excluded from the output) or at max_tokens."""
+        reason = None
+        for i, token in enumerate(tokens):
+            if token in self.stops:
+                tokens, reason = tokens[:i], "stop"
+                break
+        room = self.request.max_tokens - self.stats.num_completion_tokens
+        if reason is None and len(tokens) >= room:
+            tokens, reason = tokens[:room], "length"
+        self.stats.num_completion_tokens += len(tokens)
+        self.finished = reason is not None
+        if logprobs is not None:
+            logprobs = logprobs[: len(tokens)]
+        return RoundResult(tokens, accepted, self.finished, reason, logprobs, stats=self.stats)

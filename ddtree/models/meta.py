@@ -1,0 +1,116 @@
+"""What the queries of one forward see in the KV pool: `AttentionMeta`, one entry per
+query token (flattened over the batch, T = B * M), in the logical-key form of
+ddtree/kernels/tree_attention.py.
+
+Builders for the three shapes of work: a tree (or chain, or single root) per row at its
+committed length, a causal chunk of one row (prefill), and the drafter's bidirectional
+block. All of them run on the device without a host sync, so they can be captured in a
+CUDA graph; only `max_kv_len` is a Python int (it sizes the attention grid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionMeta:
+    """Per query token, flattened (T,) unless said: `write_slot`/`write_pos` where its own
+    K/V go; `query_slot` its pool row; `prefix_len`, `tree_base`, `tree_keys` (T, Kt),
+    `num_tree_keys` its logical key sequence; `positions` its RoPE position (int64).
+    `max_kv_len` bounds prefix_len + num_tree_keys (a Python int, sizes the grid)."""
+
+    positions: Tensor
+    write_slot: Tensor
+    write_pos: Tensor
+    query_slot: Tensor
+    prefix_len: Tensor
+    tree_base: Tensor
+    tree_keys: Tensor
+    num_tree_keys: Tensor
+    max_kv_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+
+def ancestor_chains(parents: Tensor, depth: Tensor, width: int) -> Tensor:
+    """parents, depth: (B, M) int64 of topologically ordered trees (root 0, parents[i] < i).
+    Returns (B, M, width) int64: entry [b, i, d] is node i's ancestor at depth d for
+    d <= depth[b, i] (the node itself at its own depth), 0 beyond. Needs width > max depth.
+
+    `width` gathers walk up from every node at once; each step writes the current node at
+    its depth: O(width) small tensor ops, no host sync."""
+    batch, num_nodes = parents.shape
+    chains = torch.zeros(batch, num_nodes, width + 1, dtype=torch.long, device=parents.device)
+    node = torch.arange(num_nodes, device=parents.device).expand(batch, num_nodes)
+    alive = torch.ones(batch, num_nodes, dtype=torch.bool, device=parents.device)
+    for _ in range(width):
+        where = torch.where(alive, depth.gather(1, node), width)  # column `width` absorbs
+        chains.scatter_(2, where[:, :, None], node[:, :, None])
+        parent = parents.gather(1, node)
+        alive = alive & (parent >= 0)
+        node = parent.clamp(min=0)
+    return chains[:, :, :width]
+
+
+def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
+              width: int, max_kv_len: int) -> AttentionMeta:
+    """Rows of trees verified at their committed lengths.
+
+    slots, committed: (B,) int64 pool row and committed length; parents, depth: (B, M).
+    Node j of row b writes its K/V at slot committed[b] + j, is encoded at position
+    committed[b] + depth[b, j], and attends to the committed prefix then its ancestor
+    chain. `width` = max depth + 1 (the block size for drafted trees)."""
+    batch, num_nodes = parents.shape
+    index = torch.arange(num_nodes, device=slots.device)
+    base = committed[:, None].expand(batch, num_nodes)  # (B, M)
+    chains = ancestor_chains(parents, depth, width)  # (B, M, width)
+    return AttentionMeta(
+        positions=(base + depth).reshape(-1),
+        write_slot=slots[:, None].expand(batch, num_nodes).reshape(-1),
+        write_pos=(base + index).reshape(-1),
+        query_slot=slots[:, None].expand(batch, num_nodes).reshape(-1),
+        prefix_len=base.reshape(-1),
+        tree_base=base.reshape(-1),
+        tree_keys=chains.reshape(batch * num_nodes, width),
+        num_tree_keys=(depth + 1).reshape(-1),
+        max_kv_len=max_kv_len,
+    )
+
+
+def causal_meta(slot: int, start: int, num_tokens: int, device: torch.device) -> AttentionMeta:
+    """`num_tokens` new tokens of pool row `slot` at positions start .. start+num-1, each
+    seeing every earlier slot of its row and itself (prefill, or one prefill chunk)."""
+    positions = torch.arange(start, start + num_tokens, device=device)
+    rows = torch.full((num_tokens,), slot, dtype=torch.long, device=device)
+    zeros = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    return AttentionMeta(
+        positions=positions, write_slot=rows, write_pos=positions, query_slot=rows,
+        prefix_len=positions + 1, tree_base=zeros, tree_keys=zeros[:, None],
+        num_tree_keys=zeros, max_kv_len=start + num_tokens,
+    )
+
+
+def block_meta(slots: Tensor, context_len: Tensor, block_size: int,
+               max_kv_len: int) -> AttentionMeta:
+    """The drafter's blocks: row b's block of `block_size` queries sits at positions
+    context_len[b] + j, writes its K/V there (scratch past the context) and sees the whole
+    context plus the whole block (bidirectional)."""
+    batch = slots.shape[0]
+    index = torch.arange(block_size, device=slots.device)
+    base = context_len[:, None].expand(batch, block_size)  # (B, b)
+    rows = slots[:, None].expand(batch, block_size).reshape(-1)
+    return AttentionMeta(
+        positions=(base + index).reshape(-1), write_slot=rows,
+        write_pos=(base + index).reshape(-1), query_slot=rows, prefix_len=base.reshape(-1),
+        tree_base=base.reshape(-1),
+        tree_keys=index.expand(batch * block_size, block_size).contiguous(),
+        num_tree_keys=torch.full((batch * block_size,), block_size, dtype=torch.long,
+                                 device=slots.device),
+        max_kv_len=max_kv_len,
+    )

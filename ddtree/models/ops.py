@@ -1,0 +1,83 @@
+"""The few operations the models are made of, each dispatched to a Triton kernel on the GPU
+or to its plain-PyTorch reference on the CPU (ddtree/kernels/).
+
+`Backend.invariant` chooses the GEMM: the batch-invariant Triton matmul (every mode serves
+the ar tokens bit for bit in bf16) or the GEMM library (cuBLAS; faster at some shapes,
+but a row's result depends on how many rows share the call). Attention, norms and the
+QKV prologue are invariant by construction on both paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ddtree.kernels import matmul, rmsnorm, rope, tree_attention
+from ddtree.models.meta import AttentionMeta
+
+
+@dataclass(frozen=True)
+class Backend:
+    """kernels: run the Triton kernels (a GPU, or the interpreter in kernel tests);
+    invariant: batch-invariant GEMMs (only meaningful with kernels)."""
+
+    kernels: bool = False
+    invariant: bool = True
+
+    @classmethod
+    def for_device(cls, device: torch.device, invariant: bool = True) -> Backend:
+        return cls(kernels=device.type == "cuda", invariant=invariant)
+
+
+REFERENCE = Backend(kernels=False)
+
+
+def linear(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> Tensor:
+    """x: (T, K); weight: (N, K) -> (T, N) in out_dtype (default x's)."""
+    if backend.kernels and backend.invariant:
+        return matmul.invariant_linear(x, weight, bias, out_dtype)
+    out = F.linear(x, weight, bias)
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def rms_norm(backend: Backend, x: Tensor, weight: Tensor, eps: float,
+             residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x, residual: (T, H) -> (normed, h) with h = x + residual (or x)."""
+    if backend.kernels:
+        return rmsnorm.rms_norm(x, weight, eps, residual)
+    return rmsnorm.rms_norm_reference(x, weight, eps, residual)
+
+
+def rope_store(backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
+               k_cache: Tensor, v_cache: Tensor, num_heads: int, num_kv_heads: int,
+               q_norm: Tensor | None, k_norm: Tensor | None, eps: float) -> Tensor:
+    """qkv: (T, (Hq + 2 Hkv) D) -> rotated q (T, Hq, D); k, v stored in the pool layer."""
+    fn = rope.rope_store if backend.kernels else rope.rope_store_reference
+    return fn(qkv, meta.positions, inv_freq, k_cache, v_cache, meta.write_slot, meta.write_pos,
+              num_heads, num_kv_heads, q_norm, k_norm, eps)
+
+
+def attention(backend: Backend, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+              meta: AttentionMeta, scale: float) -> Tensor:
+    """q: (T, Hq, D); k_cache, v_cache: (num_slots, max_len, Hkv, D) -> (T, Hq, D)."""
+    if backend.kernels:
+        return tree_attention.tree_attention(
+            q, k_cache, v_cache, meta.query_slot, meta.prefix_len, meta.tree_base,
+            meta.tree_keys, meta.num_tree_keys, scale, meta.max_kv_len)
+    return tree_attention.tree_attention_reference(
+        q, k_cache, v_cache, meta.query_slot, meta.prefix_len, meta.tree_base,
+        meta.tree_keys, meta.num_tree_keys, scale)
+
+
+def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
+    """gate_up: (T, 2I) = [gate | up] -> silu(gate) * up (T, I)."""
+    if backend.kernels:
+        from ddtree.kernels import swiglu  # the Triton module; the reference is below
+
+        return swiglu.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
