@@ -99,16 +99,6 @@ def _top_p(probs: Tensor, sorted_probs: Tensor, top_p: float) -> Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
-    """A per-request generator on `device`: seeded, or randomly seeded when seed is None."""
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
-
-
 # ---------------------------------------------------------------------------- batches
 
 

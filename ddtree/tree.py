@@ -106,6 +106,7 @@ def build_round_tree(
     pick = order[:, :num_nodes]  # (B, N)
     tree = _assemble(bonus, pick, scores.gather(1, pick), tokens, parents, depth)
     index = torch.arange(1, num_nodes + 1, device=logp.device)
+    assert tree.scores is not None
     real = (index[None, :] <= budget[:, None]) & (tree.scores[:, 1:] > float("-inf"))
     valid = torch.cat([torch.ones_like(real[:, :1]), real], dim=1)  # (B, 1+N)
     zero = torch.zeros_like(tree.tokens)
@@ -351,15 +352,29 @@ def validate_tree(
         "(0 <= parents[i] < i; this also rules out cycles)"))
     _fail_at((tokens < 0) | (tokens >= vocab_size), label, lambda b, i: (
         f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})"))
-    same = (parents[:, :, None] == parents[:, None, :]) & (tokens[:, :, None] == tokens[:, None, :])
-    earlier = same & (index[None, :] < index[:, None])  # [b, i, j]: j < i is i's twin
-    _fail_at(earlier.any(-1), label, lambda b, i: (
-        f"nodes {int(earlier[b, i].int().argmax())} and {i} are siblings with the same "
-        f"token {int(tokens[b, i])}"))
+    twin = _earlier_twin(tokens, parents, vocab_size)  # (B, 1+N): -1 or an earlier twin
+    _fail_at(twin >= 0, label, lambda b, i: (
+        f"nodes {int(twin[b, i])} and {i} are siblings with the same token {int(tokens[b, i])}"))
     if max_depth is not None:
         depth = depths_from_parents(parents)
         _fail_at(depth > max_depth, label, lambda b, i: (
             f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}"))
+
+
+def _earlier_twin(tokens: Tensor, parents: Tensor, vocab_size: int) -> Tensor:
+    """(B, 1+N) int64: for each node, the earliest sibling with the same token, or -1.
+    One stable sort of (parent, token) keys: O(N log N), no N x N table."""
+    key = parents.clamp(min=-1) * vocab_size + tokens  # parents and tokens checked first
+    order = key.sort(dim=1, stable=True).indices  # (B, 1+N), equal keys by index
+    sorted_key = key.gather(1, order)
+    same = torch.zeros_like(key, dtype=torch.bool)
+    same[:, 1:] = sorted_key[:, 1:] == sorted_key[:, :-1]
+    # The first of each run of equal keys: the run's earliest node.
+    run_start = torch.where(same, 0, torch.arange(key.shape[1])).cummax(dim=1).values
+    first = order.gather(1, run_start)
+    twin = torch.full_like(key, -1)
+    twin.scatter_(1, order, torch.where(same, first, -1))
+    return twin
 
 
 def _check_layout(tokens: Tensor, parents: Tensor, max_nodes: int) -> None:

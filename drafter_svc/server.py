@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import structlog
 
-from ddtree.engine import DraftSession
+from ddtree.engine import LocalDrafter
 from ddtree.models.checkpoint import read_config
 from ddtree.models.drafter import DFlashDrafter, load_drafter
 from ddtree.models.target import TargetEmbeddings, load_target_embeddings
@@ -50,18 +50,13 @@ def load_models(
 def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
     """Loads the models, binds, starts and marks the server SERVING; -> (server, bound port)."""
     drafter, embeddings, info, max_model_len = load_models(config)
-    # The draft KV holds the context plus one block drafted past it.
-    max_len = max_model_len + info.block_size
-
-    def new_session() -> DraftSession:
-        return DraftSession(drafter, embeddings, max_len)
-
-    sessions = DraftSessionTable(new_session, config.max_sessions)
+    local = LocalDrafter(drafter, embeddings, config.max_sessions, max_model_len)
+    sessions = DraftSessionTable(config.max_sessions, local.depth)
     device = embeddings.embed_tokens.weight.device
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers), options=SERVER_OPTIONS
     )
-    drafter_pb2_grpc.add_DrafterServicer_to_server(DrafterServicer(sessions, info, device), server)
+    drafter_pb2_grpc.add_DrafterServicer_to_server(DrafterServicer(local, sessions, info), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:

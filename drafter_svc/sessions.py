@@ -1,55 +1,73 @@
-"""The drafter's per-request state: one `DraftSession` (append-only draft KV) per session id,
-bounded by a capacity limit, freed on release or when the stream that opened it ends."""
+"""The drafter's per-request state: each session id holds one row of the drafter's context
+pool (append-only per session), its spec, and the context length it was built on; freed on
+release or when the stream that opened it ends."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from ddtree.engine import DraftSession
-from ddtree.errors import CapacityError, SessionNotFoundError
+from ddtree.engine.request import MODE_RULES, SpecParams
+from ddtree.engine.state import SlotAllocator
+from ddtree.errors import CapacityError, InvalidArgumentError, SessionNotFoundError
+
+
+@dataclass
+class DraftRow:
+    slot: int
+    spec: SpecParams
+    num_nodes: int  # tree nodes besides the root per round
+    context_len: int = 0  # committed rows already in the context pool
 
 
 class DraftSessionTable:
-    """Thread-safe map session id -> DraftSession; `factory` allocates a fresh session."""
+    """Thread-safe map session id -> DraftRow over `num_slots` pool rows."""
 
-    def __init__(self, factory: Callable[[], DraftSession], max_sessions: int) -> None:
-        self._factory = factory
-        self._max_sessions = max_sessions
-        self._sessions: dict[str, DraftSession] = {}
+    def __init__(self, num_slots: int, depth: int) -> None:
+        self._slots = SlotAllocator(num_slots)
+        self._depth = depth
+        self._sessions: dict[str, DraftRow] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._sessions)
 
-    def get_or_open(self, session_id: str, committed_len: int, num_new_rows: int) -> DraftSession:
-        """The session's state; a new session must start with the whole committed context.
+    def get(self, session_id: str, committed_len: int, num_new_rows: int) -> DraftRow:
+        """A known session whose context plus the new rows ends at committed_len."""
+        with self._lock:
+            row = self._sessions.get(session_id)
+        if row is None:
+            raise SessionNotFoundError(
+                f"unknown session {session_id!r}: a new session needs the features of all "
+                f"{committed_len} committed rows and its spec, got {num_new_rows} rows")
+        if row.context_len + num_new_rows != committed_len:
+            raise InvalidArgumentError(
+                f"draft context holds {row.context_len} tokens; {num_new_rows} new rows do "
+                f"not end at committed length {committed_len}")
+        return row
 
-        A verifier that lost its drafter session (drafter restarted, released) and sends
-        only the newest rows gets NOT_FOUND instead of a draft built on a partial context.
-        """
+    def open(self, session_id: str, spec: SpecParams) -> DraftRow:
+        """A new session (its first item carries the whole context and the spec)."""
         if not session_id:
             raise SessionNotFoundError("session_id is empty")
         with self._lock:
-            session = self._sessions.get(session_id)
-            if session is not None:
-                return session
-            if num_new_rows != committed_len:
-                raise SessionNotFoundError(
-                    f"unknown session {session_id!r}: a new session needs the features of "
-                    f"all {committed_len} committed rows, got {num_new_rows}"
-                )
-            if len(self._sessions) >= self._max_sessions:
+            if session_id in self._sessions:
+                raise InvalidArgumentError(f"session {session_id!r} is already open")
+            slot = self._slots.allocate()
+            if slot is None:
                 raise CapacityError(
-                    f"the drafter holds its maximum of {self._max_sessions} sessions"
-                )
-            session = self._factory()
-            self._sessions[session_id] = session
-            return session
+                    f"the drafter holds its maximum of {self._slots.num_slots} sessions")
+            num_nodes = MODE_RULES[spec.mode].num_nodes(spec.budget, self._depth)
+            row = DraftRow(slot, spec, num_nodes)
+            self._sessions[session_id] = row
+            return row
 
     def release(self, session_ids: Iterable[str]) -> None:
-        """Frees the sessions' draft KV; unknown ids are ignored (release is idempotent)."""
+        """Frees the sessions' rows; unknown ids are ignored (release is idempotent)."""
         with self._lock:
             for session_id in session_ids:
-                self._sessions.pop(session_id, None)
+                row = self._sessions.pop(session_id, None)
+                if row is not None:
+                    self._slots.free(row.slot)

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddtree.engine import MAX_BUDGET, MODES, Mode, SpecParams
+from ddtree.engine import MAX_BUDGET, MODES, EngineConfig, Mode, SpecParams
 from ddtree.service import parse_service_config
 
 
@@ -24,8 +24,14 @@ class VerifierServiceConfig:
     max_topk: int | None = None
     max_budget: int = 256  # largest tree a request (or a Verify client) may send
     max_model_len: int = 0  # 0 = the target's max_position_embeddings
-    max_sessions: int = 16  # generations + OpenSession sessions holding a KV cache
-    draft_timeout_s: float = 10.0  # per-round wait for the drafter's reply
+    max_num_seqs: int = 64  # generations + OpenSession sessions holding a KV row at once
+    max_queue: int = 1024  # requests waiting for a row; more get RESOURCE_EXHAUSTED
+    kv_memory_gib: float = 0.0  # the KV pool's budget; 0 = auto (half the free GPU memory)
+    cuda_graphs: bool = True  # capture each round shape in a CUDA graph (GPU only)
+    batch_invariant: bool = True  # batch-invariant GEMMs: every mode exact in bf16 (GPU)
+    max_prefill_tokens: int = 8192  # prompt tokens prefilled per engine step
+    session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
+    draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     connect_timeout_s: float = 5.0  # drafter GetInfo at start-up and per reconnect try
     model_id: str = ""  # "" = the target directory's name
     log_level: str = "info"
@@ -37,14 +43,24 @@ class VerifierServiceConfig:
             raise ValueError(f"mode {self.mode!r} needs --drafter-addr (or use --mode ar)")
         if not 1 <= self.max_budget <= MAX_BUDGET:
             raise ValueError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
-        if self.max_sessions < 1 or self.max_model_len < 0:
-            raise ValueError("max_sessions must be >= 1 and max_model_len >= 0")
+        if self.max_num_seqs < 1 or self.max_model_len < 0 or self.max_queue < 0:
+            raise ValueError("max_num_seqs must be >= 1, max_queue and max_model_len >= 0")
+        if self.kv_memory_gib < 0 or self.session_idle_timeout_s <= 0:
+            raise ValueError("kv_memory_gib must be >= 0 and session_idle_timeout_s > 0")
         if self.draft_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be > 0")
         try:
             self.default_spec.validate(self.max_budget)
         except ValueError as exc:
             raise ValueError(f"server default spec: {exc}") from exc
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            max_num_seqs=self.max_num_seqs, max_queue=self.max_queue,
+            max_model_len=self.max_model_len, kv_memory_bytes=int(self.kv_memory_gib * 2**30),
+            max_budget=self.max_budget, cuda_graphs=self.cuda_graphs,
+            invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens,
+            session_idle_timeout_s=self.session_idle_timeout_s)
 
     @property
     def default_spec(self) -> SpecParams:
@@ -74,7 +90,22 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     )
     parser.add_argument("--max-budget", type=int, default=int(get("MAX_BUDGET", "256")))
     parser.add_argument("--max-model-len", type=int, default=int(get("MAX_MODEL_LEN", "0")))
-    parser.add_argument("--max-sessions", type=int, default=int(get("MAX_SESSIONS", "16")))
+    parser.add_argument("--max-num-seqs", type=int, default=int(get("MAX_NUM_SEQS", "64")),
+                        help="generations and sessions holding a KV row at once")
+    parser.add_argument("--max-queue", type=int, default=int(get("MAX_QUEUE", "1024")),
+                        help="requests waiting for a KV row (more get 429)")
+    parser.add_argument("--kv-memory-gib", type=float, default=float(get("KV_MEMORY_GIB", "0")),
+                        help="KV pool budget; 0 = half the free GPU memory (2 GiB on a CPU)")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
+                        default=get("CUDA_GRAPHS", "1") != "0")
+    parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
+                        default=get("BATCH_INVARIANT", "1") != "0",
+                        help="batch-invariant GEMMs (exact ar tokens in bf16 in every mode)")
+    parser.add_argument("--max-prefill-tokens", type=int,
+                        default=int(get("MAX_PREFILL_TOKENS", "8192")))
+    parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,
+                        default=float(get("SESSION_IDLE_TIMEOUT", "60")),
+                        help="seconds an unused OpenSession session lives")
     parser.add_argument(
         "--draft-timeout-s", type=float, default=float(get("DRAFT_TIMEOUT_S", "10"))
     )

@@ -187,7 +187,8 @@ class DrafterClient:
                 )
             )
 
-    def draft(self, items: list[drafter_pb2.DraftItem]) -> dict[str, drafter_pb2.DraftResult]:
+    def exchange(self, items: list[drafter_pb2.DraftItem],
+                 timeout_s: float) -> dict[str, drafter_pb2.DraftResult]:
         """One round: all `items` in one request -> results by session id."""
         with self._lock:
             stream = self._stream
@@ -195,7 +196,7 @@ class DrafterClient:
             raise DrafterUnavailable("not connected to the drafter")
         request = drafter_pb2.DraftRequest(round_id=next(self._round_ids), items=items)
         try:
-            reply = stream.exchange(request, self.round_timeout_s)
+            reply = stream.exchange(request, timeout_s)
         except DrafterUnavailable as exc:
             self._on_failure(stream, str(exc))
             raise

@@ -1,5 +1,6 @@
-"""Builds the verifier: loads the target, connects the drafter link, starts the engine
-thread and the gRPC server (Verifier, health, reflection)."""
+"""Builds the verifier: loads the target, connects the drafter link, builds the engine
+(KV pool sized at start-up), starts the engine thread and the gRPC server (Verifier,
+health, reflection)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ import grpc
 import structlog
 from grpc_health.v1.health import HealthServicer
 
+from ddtree.engine import Engine
+from ddtree.engine.sessions import ClientSessions
 from ddtree.models.target import TargetModel, load_target
 from ddtree.runtime import resolve_device, resolve_dtype
 from ddtree.service import SERVER_OPTIONS, add_health_and_reflection, set_serving
 from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
+from verifier_svc.remote_drafter import RemoteDrafter
 from verifier_svc.scheduler import Scheduler
 from verifier_svc.servicer import VerifierServicer
-from verifier_svc.sessions import ClientSessions, KVSlots
 
 log = structlog.get_logger("verifier_svc")
 
@@ -70,30 +73,37 @@ def model_info(
     )
 
 
+def build_engine(config: VerifierServiceConfig, target: TargetModel,
+                 drafter: DrafterClient | None) -> Engine:
+    """The engine over the target; drafting over the wire when a fitting drafter answered
+    at start-up (otherwise every generation runs in ar)."""
+    remote = None
+    info = drafter.info if drafter is not None else None
+    if drafter is not None and info is not None:
+        remote = RemoteDrafter(drafter, info, config.draft_timeout_s)
+    elif drafter is not None:
+        log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
+    return Engine(target, remote, config.engine_config())
+
+
 def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     """Loads, binds, starts and marks SERVING; -> (server, bound port). Port 0 picks one."""
     device = resolve_device(config.device)
     target = load_target(Path(config.target), device, resolve_dtype(config.dtype, device)).eval()
-    max_model_len = config.max_model_len or target.config.max_position_embeddings
     drafter = None
     if config.drafter_addr:
         drafter = DrafterClient(
             config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s, target.config
         )
-        drafter.connect(wait=True)  # not fatal: generations use ar until it connects
-
-    def feature_layers() -> tuple[int, ...]:
-        info = drafter.info if drafter is not None else None
-        return tuple(info.target_layer_ids) if info is not None else ()
-
-    slots = KVSlots(config.max_sessions)
-    scheduler = Scheduler(target, drafter, slots, max_model_len)
-    sessions = ClientSessions(target, slots, max_model_len, config.max_budget, feature_layers)
+        drafter.connect(wait=True)  # not fatal: generations use ar without it
+    engine = build_engine(config, target, drafter)
+    sessions = ClientSessions(engine, config.max_budget)
+    scheduler = Scheduler(engine, sessions, config.session_idle_timeout_s)
     servicer = VerifierServicer(
-        config, scheduler, sessions, model_info(config, target, max_model_len)
+        config, scheduler, sessions, model_info(config, target, engine.max_model_len), drafter
     )
     # Each Generate stream holds a thread for its whole life; leave room for unary calls.
-    pool = futures.ThreadPoolExecutor(max_workers=2 * config.max_sessions + 8)
+    pool = futures.ThreadPoolExecutor(max_workers=config.max_num_seqs + config.max_queue // 8 + 16)
     server = grpc.server(pool, options=SERVER_OPTIONS)
     verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
@@ -110,6 +120,8 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         device=str(device),
         mode=config.mode,
         drafter_addr=config.drafter_addr,
-        drafter_connected=drafter is not None and drafter.info is not None,
+        drafter_connected=engine.drafting is not None,
+        num_kv_rows=engine.plan.num_slots,
+        max_model_len=engine.max_model_len,
     )
     return VerifierServer(server, health, scheduler, drafter), port

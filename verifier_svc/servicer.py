@@ -1,5 +1,6 @@
 """The Verifier gRPC servicer: converts messages, delegates to the scheduler (generations)
-or to the client sessions (run on the engine thread); errors map in verifier_svc/status.py."""
+or to the engine's client sessions (run on the engine thread); errors map in
+verifier_svc/status.py."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from collections.abc import Iterator
 
 import grpc
 import structlog
+import torch
 
 from ddtree import codec
 from ddtree.engine import GenerationRequest, RoundResult
+from ddtree.engine.sessions import ClientSessions, VerifyOutcome
+from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.stats import GenerationStats
-from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
+from ddtree.tree import validate_tree
+from ddtree.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
+from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.scheduler import Scheduler
-from verifier_svc.sessions import ClientSessions
 from verifier_svc.status import streaming, unary
 
 log = structlog.get_logger("verifier_svc")
@@ -28,10 +33,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         scheduler: Scheduler,
         sessions: ClientSessions,
         model_info: verifier_pb2.ModelInfo,
+        drafter: DrafterClient | None,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
         self.sessions = sessions
+        self.drafter = drafter
         self.model_info = model_info  # static part; drafter fields are filled per call
 
     @streaming
@@ -53,6 +60,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         log.info("generate_finished", request_id=request_id, active=context.is_active())
 
     def _generation_request(self, msg: verifier_pb2.GenerateRequest) -> GenerationRequest:
+        if msg.max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {msg.max_tokens}")
         max_tokens = msg.max_tokens or max(1, self.model_info.max_model_len - len(msg.prompt_ids))
         return GenerationRequest(
             prompt_ids=list(msg.prompt_ids),
@@ -96,7 +105,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.ModelInfo:
         info = verifier_pb2.ModelInfo()
         info.CopyFrom(self.model_info)
-        drafter = self.scheduler.drafter.info if self.scheduler.drafter is not None else None
+        drafter = self.drafter.info if self.drafter is not None else None
         info.drafter_connected = drafter is not None
         info.block_size = drafter.block_size if drafter is not None else 0
         return info
@@ -106,48 +115,61 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self, request: verifier_pb2.OpenSessionRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.OpenSessionResponse:
         sampling = codec.sampling_from_proto(request.sampling)
-        session_id, session, result = self.scheduler.call(
-            lambda: self.sessions.open(list(request.prompt_ids), sampling, request.return_features)
-        )
+        opened = self.scheduler.call(lambda: self.sessions.open(
+            list(request.prompt_ids), sampling, request.return_features))
         response = verifier_pb2.OpenSessionResponse(
-            session_id=session_id,
-            bonus_token=session.bonus_token,
-            committed_len=session.committed_len,
-        )
-        if request.return_features and result.features is not None:
-            response.features.CopyFrom(codec.tensor_to_proto(result.features[0]))  # (P, k*H)
-        log.info("session_opened", session_id=session_id, num_prompt_tokens=len(request.prompt_ids))
+            session_id=opened.session_id, bonus_token=opened.bonus_token,
+            committed_len=opened.committed_len)
+        if opened.features is not None:
+            response.features.CopyFrom(codec.tensor_to_proto(opened.features))  # (P, k*H)
+        log.info("session_opened", session_id=opened.session_id,
+                 num_prompt_tokens=len(request.prompt_ids))
         return response
 
     @unary
     def Verify(
         self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.VerifyResponse:
-        outcome = self.scheduler.call(
-            lambda: self.sessions.verify(
-                request.session_id, request.tree, request.committed_len, request.return_features
-            )
-        )
+        outcome = self.scheduler.call(lambda: self._verify(request))
         response = verifier_pb2.VerifyResponse(
-            accepted_path=outcome.accepted_path,
-            committed_tokens=outcome.committed_tokens,
-            bonus_token=outcome.bonus_token,
-            committed_len=outcome.committed_len,
-        )
+            accepted_path=outcome.accepted_path, committed_tokens=outcome.committed_tokens,
+            bonus_token=outcome.bonus_token, committed_len=outcome.committed_len)
         if outcome.features is not None:
-            response.features.CopyFrom(codec.tensor_to_proto(outcome.features[0]))  # (A, k*H)
+            response.features.CopyFrom(codec.tensor_to_proto(outcome.features))  # (A, k*H)
         return response
+
+    def _verify(self, request: verifier_pb2.VerifyRequest) -> VerifyOutcome:
+        """On the engine thread: the client's tree checked, then verified."""
+        bonus = self.sessions.bonus_token(request.session_id)  # NOT_FOUND first
+        tokens, parents = checked_tree(request.tree, self.model_info.vocab_size,
+                                       self.config.max_budget, bonus)
+        return self.sessions.verify(request.session_id, tokens, parents, request.committed_len,
+                                    request.return_features)
 
     @unary
     def GetStats(
         self, request: verifier_pb2.StatsRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.EngineStats:
-        return self.scheduler.engine_stats(self.sessions.num_open)
+        return self.scheduler.engine_stats()
 
     @unary
     def CloseSession(
         self, request: verifier_pb2.CloseSessionRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.CloseSessionResponse:
-        found = self.sessions.close(request.session_id)
+        found = self.scheduler.call(lambda: self.sessions.close(request.session_id))
         log.info("session_closed", session_id=request.session_id, found=found)
         return verifier_pb2.CloseSessionResponse(found=found)
+
+
+def checked_tree(msg: common_pb2.DraftTree, vocab_size: int, max_nodes: int,
+                 bonus_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A client's tree as (tokens, parents) (1+N,) int64, or TreeValidationError saying
+    what is wrong: the node count, the structure, a token outside the vocabulary, twin
+    siblings, or a root that is not the session's bonus token."""
+    tree = codec.tree_from_proto(msg, max_nodes=max_nodes)
+    validate_tree(tree.tokens[0], tree.parents[0], vocab_size, max_nodes)
+    root = int(tree.tokens[0, 0])
+    if root != bonus_token:
+        raise TreeValidationError(
+            f"tree.tokens[0] = {root} must be the session's bonus token {bonus_token}")
+    return tree.tokens[0], tree.parents[0]

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -99,7 +99,8 @@ class Engine:
         self.waiting.append(self._new_row(request_id, request))
 
     def _new_row(self, request_id: str, request: GenerationRequest) -> Row:
-        drafting = self.drafting is not None and MODE_RULES[request.spec.mode].drafts
+        drafting = (self.drafting is not None and MODE_RULES[request.spec.mode].drafts
+                    and getattr(self.drafting, "available", True))
         depth = self.drafting.block_size - 1 if self.drafting is not None else 0
         mode = request.spec.mode if drafting else "ar"
         num_nodes = MODE_RULES[mode].num_nodes(request.spec.budget, depth)
@@ -116,10 +117,10 @@ class Engine:
             if row.request_id == request_id:
                 self.waiting.remove(row)
                 return True
-        row = self.running.pop(request_id, None)
-        if row is None:
+        running = self.running.pop(request_id, None)
+        if running is None:
             return False
-        self._release(row)
+        self._release(running)
         return True
 
     @property
@@ -164,7 +165,7 @@ class Engine:
         self.counters.num_target_forwards += 1
         if row.drafting and self.drafting is not None and features is not None:
             self.drafting.start(row.slot, row.request_id, features)
-        row.committed_len = len(row.request.prompt_ids)
+        row.committed_len, row.bonus_token = len(row.request.prompt_ids), first
         result = row.emit([first], 0, logprobs)
         result.prompt_logprobs = prompt_logprobs
         row.stats.stage_seconds["prefill"] += time.perf_counter() - started
@@ -198,8 +199,8 @@ class Engine:
             self._replay(("draft", key.batch, key.num_nodes), buffers,
                          lambda: draft_into(self.state, drafting, buffers))
             return
-        propose: Callable[..., None] = drafting.propose
-        propose(self, rows, buffers)
+        # A drafter outside the graphs (verifier_svc's RemoteDrafter) fills the trees itself.
+        cast(Any, drafting).propose(self, rows, buffers)
 
     def _replay(self, graph_key: Any, buffers: RoundBuffers, fn: Callable[[], Any]) -> Any:
         """Runs fn through its graph, capturing it first (on scratch rows) if needed."""
@@ -237,6 +238,7 @@ class Engine:
             if row.wants_logprobs:
                 logprobs = self._logprobs(row, logits[index], path, tokens[1:] + [next_token])
             row.committed_len += accepted
+            row.bonus_token, row.num_pending = next_token, accepted
             for stage, seconds in stages.items():
                 row.stats.stage_seconds[stage] += seconds
             row.stats.record_round(accepted, row.num_nodes)

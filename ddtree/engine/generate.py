@@ -11,6 +11,7 @@ from ddtree.engine.config import EngineConfig, plan_pool
 from ddtree.engine.core import Engine
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.request import GenerationRequest, RoundResult
+from ddtree.errors import InvalidArgumentError
 from ddtree.models.drafter import DFlashDrafter
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.target import TargetModel
@@ -44,8 +45,10 @@ def generate(
 ) -> Iterator[tuple[RoundResult, GenerationStats]]:
     """One generation, alone; yields each step's result with the live stats (the prefill's
     first). Without an `engine`, builds a one-row engine sized for this request."""
+    if request.spec.mode != "ar" and drafter is None and (engine is None or not engine.drafting):
+        raise InvalidArgumentError(f"mode {request.spec.mode!r} needs a drafter")
     if engine is None:
-        base = config or EngineConfig(cuda_graphs=False)
+        base = config or EngineConfig()
         needed = len(request.prompt_ids) + request.max_tokens
         engine = build_engine(target, drafter, replace(
             base, max_num_seqs=1, max_queue=0, max_model_len=base.max_model_len or needed))

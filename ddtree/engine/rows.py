@@ -22,7 +22,8 @@ class Row:
     stats: GenerationStats
     slot: int = -1
     committed_len: int = 0
-    bonus_token: int = -1  # client sessions: the root their next tree must have
+    bonus_token: int = -1  # the root of the row's next tree (chosen, not yet in the KV)
+    num_pending: int = 0  # rows committed by the last round (the drafter's next context)
     finished: bool = False
     aborted: bool = False
     drafting: bool = False  # the drafter holds this row's context

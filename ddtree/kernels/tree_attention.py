@@ -58,17 +58,19 @@ def logical_slots(
 def tree_attention_reference(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
-    compute_dtype: torch.dtype = torch.float32,
+    compute_dtype: torch.dtype = torch.float32, length: int | None = None,
 ) -> Tensor:
     """Plain PyTorch: gathers each query's logical keys, softmax in `compute_dtype`.
 
     q: (T, Hq, D); k_cache, v_cache: (num_slots, max_len, Hkv, D) (one layer of the pool);
     query_slot, prefix_len, tree_base, num_tree_keys: (T,) int; tree_keys: (T, Kt) int.
-    Every query must have at least one key. Returns (T, Hq, D) in q's dtype.
+    Every query must have at least one key. Returns (T, Hq, D) in q's dtype. `length`
+    bounds the keys per query; None reads the longest from the tensors (a host sync).
     """
     num_queries, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    length = int((prefix_len.long() + num_tree_keys.long()).max())
+    if length is None:
+        length = int((prefix_len.long() + num_tree_keys.long()).max())
     slots, valid = logical_slots(prefix_len, tree_base, tree_keys, num_tree_keys, length)
     rows = query_slot.long()[:, None].expand(num_queries, length)  # (T, P)
     keys = k_cache[rows, slots].to(compute_dtype)  # (T, P, Hkv, D)

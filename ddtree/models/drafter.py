@@ -224,6 +224,7 @@ class DraftAttention(nn.Module):
                      k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """Inference: h (T, H) normed block rows -> (T, H); the block's K/V are written
         past each row's context (scratch) and attended together with the context."""
+        assert self.qkv_weight is not None, "call DFlashDrafter.fuse_weights() first"
         qkv = ops.linear(backend, h, self.qkv_weight, self.qkv_bias)
         q = ops.rope_store(backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads,
                            self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
@@ -292,7 +293,8 @@ class DFlashDrafter(nn.Module):
                       c.head_dim, w.device, w.dtype)
 
     def fuse_weights(self) -> DFlashDrafter:
-        """Fused QKV and gate/up weights for inference (training keeps the modules)."""
+        """Fused QKV and gate/up weights for inference, copied from the modules (training
+        uses the modules; call again after changing their weights)."""
         for layer in self.layers:
             draft_layer = cast(DraftLayer, layer)
             draft_layer.self_attn.fuse()
@@ -435,7 +437,7 @@ def load_drafter(path: Path | str, target_config: TargetConfig, device: torch.de
                                   f"the config implies {tuple(expected[name].shape)}")
     drafter.load_state_dict(tensors, strict=True, assign=True)
     drafter.rotary = Rotary(config.head_dim, config.rope_theta).to(device)  # float32 inv_freq
-    return drafter.eval()
+    return drafter.eval().fuse_weights()
 
 
 def save_drafter(drafter: DFlashDrafter, path: Path | str) -> None:

@@ -24,7 +24,7 @@ from ddtree.models import ops
 from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.layers import RMSNorm, Rotary
-from ddtree.models.meta import AttentionMeta
+from ddtree.models.meta import AttentionMeta, tree_meta
 from ddtree.models.ops import REFERENCE, Backend
 from ddtree.models.target_config import TargetConfig
 
@@ -251,6 +251,20 @@ class TargetModel(nn.Module):
         if not feature_layers:
             return TargetOutput(logits, None)
         return TargetOutput(logits, torch.cat([captured[i] for i in feature_layers], dim=-1))
+
+    def causal(self, input_ids: Tensor, feature_layers: Sequence[int] = ()) -> TargetOutput:
+        """A plain causal pass over whole sequences in a fresh pool (no committed prefix):
+        input_ids (B, M) -> logits (B, M, V) float32, features (B, M, k*H) or None."""
+        batch, length = input_ids.shape
+        pool = self.new_pool(batch, length)
+        slots = torch.arange(batch, device=input_ids.device)
+        parents = torch.arange(-1, length - 1, device=input_ids.device).expand(batch, length)
+        depth = torch.arange(length, device=input_ids.device).expand(batch, length)
+        zero = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
+        meta = tree_meta(slots, zero, parents, depth, length, length)  # a chain is causal
+        out = self.forward(input_ids.reshape(-1), meta, pool, feature_layers)
+        features = out.features.view(batch, length, -1) if out.features is not None else None
+        return TargetOutput(out.logits.view(batch, length, -1), features)
 
     def _check_feature_layers(self, feature_layers: Sequence[int]) -> None:
         for index in feature_layers:

@@ -6,6 +6,7 @@ every pair that does not fit is an IncompatibleModelsError naming the problem.""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from ddtree.errors import CheckpointError, IncompatibleModelsError
+from ddtree.kernels import tree_attention
 from ddtree.models.drafter import (
     DFlashDrafter,
     DrafterConfig,
@@ -130,16 +132,13 @@ def draft_after(drafter: DFlashDrafter, embeddings: TargetEmbeddings, fused: tor
                 lens: list[int], bonus: torch.Tensor, chunks: tuple[int, ...] = ()) -> torch.Tensor:
     """Appends `fused` (B, S, H) (in `chunks` if given), sets the lengths to `lens` and drafts."""
     batch, length, _ = fused.shape
-    cache = drafter.new_cache(batch, length + BLOCK + 5)
-    cache_lens = torch.zeros(batch, dtype=torch.long)
+    pool = drafter.new_pool(batch + 1, length + 2 * BLOCK + 5)
+    slots = torch.arange(batch, 0, -1)  # pool rows differ from batch rows
     start = 0
     for end in (*chunks, length):
-        positions = torch.arange(start, end).expand(batch, -1)  # (B, C)
-        drafter.append_context(cache, cache_lens, fused[:, start:end], positions)
-        cache_lens += end - start
+        drafter.append_context(pool, slots, torch.full((batch,), start), fused[:, start:end])
         start = end
-    cache_lens = torch.tensor(lens)
-    return drafter.draft(cache, cache_lens, max(lens) + BLOCK, bonus, embeddings, BLOCK)
+    return drafter.draft(pool, slots, torch.tensor(lens), bonus, embeddings)
 
 
 @torch.no_grad()
@@ -329,16 +328,21 @@ def test_casting_to_bfloat16_keeps_rope_frequencies_in_float32(drafter) -> None:
     assert torch.equal(copied.rotary.inv_freq, drafter.rotary.inv_freq)
 
 
-def test_draft_never_syncs_with_the_host() -> None:
+def test_draft_never_syncs_with_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the meta device any .item()/.tolist()/bool(tensor) raises: the inference path
-    (append_context + draft) must run there end to end, batch rows of different lengths."""
+    (append_context + draft) must run there end to end, batch rows of different lengths.
+    (The CPU attention reference reads its key count from the tensors; the GPU kernel
+    sizes its grid from the static bound, which the reference is given here.)"""
+    reference = tree_attention.tree_attention_reference
+    monkeypatch.setattr(tree_attention, "tree_attention_reference",
+                        functools.partial(reference, length=32))
     config = DrafterConfig.from_hf(ZLAB_CONFIG)
     with torch.device("meta"):
-        drafter, embeddings = DFlashDrafter(config), TargetEmbeddings(V, H, False)
-        cache, cache_lens = drafter.new_cache(2, 32), torch.tensor([3, 7])
+        drafter, embeddings = DFlashDrafter(config).fuse_weights(), TargetEmbeddings(V, H, False)
+        pool, slots, lens = drafter.new_pool(3, 32), torch.tensor([2, 0]), torch.tensor([3, 7])
         fused = drafter.fuse(torch.randn(2, 4, len(LAYER_IDS) * H))
-        drafter.append_context(cache, cache_lens, fused, torch.arange(4).expand(2, -1))
-        logits = drafter.draft(cache, cache_lens + 4, 20, torch.tensor([1, 2]), embeddings, BLOCK)
+        drafter.append_context(pool, slots, lens, fused)
+        logits = drafter.draft(pool, slots, lens + 4, torch.tensor([1, 2]), embeddings)
     assert logits.shape == (2, BLOCK - 1, V) and logits.is_meta
 
 

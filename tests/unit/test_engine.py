@@ -9,13 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree.engine import (
-    GenerationRequest,
-    SpecParams,
-    VerifySession,
-    generate,
-    single_node_tree,
-)
+from ddtree.engine import EngineConfig, GenerationRequest, SpecParams, generate
+from ddtree.engine.generate import build_engine
+from ddtree.engine.sessions import ClientSessions
 from ddtree.errors import InvalidArgumentError
 from ddtree.models.tiny import make_tiny_pair
 from ddtree.runtime import load_pair
@@ -98,22 +94,27 @@ def oracle_tree(greedy: list[int], bonus: int, depth: int, noise: int, vocab: in
 
 
 def test_multi_token_acceptance_commits_and_compacts_exactly(pair) -> None:
-    """Trees that contain the true continuation: long accepted paths, exact KV compaction."""
+    """Trees that contain the true continuation: long accepted paths, exact KV compaction
+    (the engine's verify half, driven with a client's trees)."""
     _, target, _ = pair
     vocab = target.config.vocab_size
     prompt = prompts(vocab)[0]
     reference, _ = run(target, None, prompt, SpecParams("ar"), max_tokens=40)
-    request = GenerationRequest(prompt, 40, spec=SpecParams("tree"), ignore_eos=True)
-    session = VerifySession(target, request)
-    out = session.prefill().new_tokens
-    while not session.finished:
-        done = len(out)
-        future = reference[done:] + [0] * 8
-        tree = oracle_tree(future, session.bonus_token, 5, 2, vocab)
-        result = session.verify(tree)
-        assert result.acceptance_length == 6 or result.finished
-        out += result.new_tokens
-    assert out == reference
+    engine = build_engine(target, None, EngineConfig(max_num_seqs=1, max_model_len=128,
+                                                     max_budget=32))
+    sessions = ClientSessions(engine, max_budget=32)
+    opened = sessions.open(prompt, SamplingParams(), return_features=False)
+    out, bonus = [opened.bonus_token], opened.bonus_token
+    while len(out) < 40:
+        future = reference[len(out):] + [0] * 8
+        tree = oracle_tree(future, bonus, 5, 2, vocab)
+        outcome = sessions.verify(opened.session_id, tree.tokens[0], tree.parents[0], 0, False)
+        assert len(outcome.committed_tokens) == 6 or len(out) + 5 > len(reference)
+        assert outcome.committed_tokens[0] == bonus
+        bonus = outcome.bonus_token
+        out += outcome.committed_tokens[1:] + [bonus]
+    assert out[:40] == reference
+    assert sessions.close(opened.session_id) and engine.slots.num_used == 0
 
 
 def test_stop_token_and_max_tokens_are_trimmed_inside_an_accepted_block(pair) -> None:
@@ -153,7 +154,7 @@ def test_stats_count_rounds_nodes_and_acceptance(pair) -> None:
     assert sum(stats.acceptance_lengths) >= MAX_TOKENS - 1
     assert stats.num_accepted_draft_tokens == sum(stats.acceptance_lengths) - stats.num_rounds
     assert sum(stats.acceptance_histogram()) == stats.num_rounds
-    assert {"prefill", "draft", "verify", "walk", "commit"} <= set(stats.stage_seconds)
+    assert {"prefill", "draft", "verify"} <= set(stats.stage_seconds)
 
 
 @pytest.mark.parametrize("bad", [
@@ -167,9 +168,11 @@ def test_stats_count_rounds_nodes_and_acceptance(pair) -> None:
     dict(prompt_ids=[1], max_tokens=10**7),
 ])
 def test_bad_requests_raise_a_typed_error(pair, bad: dict) -> None:
-    _, target, _ = pair
+    _, target, drafter = pair
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=1, max_model_len=256))
     with pytest.raises(InvalidArgumentError):
-        VerifySession(target, GenerationRequest(**bad))
+        engine.add_request("bad", GenerationRequest(**bad))
+    assert not engine.has_work and engine.counters.num_rejected == 1
 
 
 def test_modes_other_than_ar_need_a_drafter(pair) -> None:
@@ -177,7 +180,3 @@ def test_modes_other_than_ar_need_a_drafter(pair) -> None:
     with pytest.raises(InvalidArgumentError, match="needs a drafter"):
         next(generate(target, None, GenerationRequest([1, 2], 4, spec=SpecParams("tree"))))
 
-
-def test_single_node_tree_is_one_ar_step(pair) -> None:
-    tree = single_node_tree(7, torch.device("cpu"))
-    assert tree.tokens.tolist() == [[7]] and tree.parents.tolist() == [[-1]]

@@ -10,7 +10,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from ddtree.engine import GenerationRequest, SpecParams, generate
+from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.generate import build_engine
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
@@ -35,7 +36,7 @@ def toy_pair() -> tuple[TargetModel, DFlashDrafter]:
     for module in (target, drafter):
         for param in module.parameters():
             torch.nn.init.normal_(param, std=0.7)  # peaked, varied distributions
-    return target, drafter
+    return target.fuse_weights(), drafter.fuse_weights()
 
 
 def exact_distribution(target: TargetModel, temperature: float) -> torch.Tensor:
@@ -43,10 +44,8 @@ def exact_distribution(target: TargetModel, temperature: float) -> torch.Tensor:
     probs = torch.zeros((VOCAB,) * NUM_TOKENS, dtype=torch.float64)
     for seq in itertools.product(range(VOCAB), repeat=NUM_TOKENS - 1):
         ids = torch.tensor([PROMPT + list(seq)])
-        cache = target.new_cache(1, ids.shape[1])
         with torch.no_grad():
-            logits = target(ids, torch.arange(ids.shape[1])[None], cache,
-                            torch.zeros(1, dtype=torch.long), ids.shape[1]).logits
+            logits = target.causal(ids).logits
         step = torch.softmax(logits[0, -NUM_TOKENS:].double() / temperature, dim=-1)
         for last in range(VOCAB):
             full = (*seq, last)
@@ -55,18 +54,26 @@ def exact_distribution(target: TargetModel, temperature: float) -> torch.Tensor:
 
 
 def sampled_counts(target: TargetModel, drafter: DFlashDrafter, spec: SpecParams) -> torch.Tensor:
-    counts = torch.zeros(VOCAB**NUM_TOKENS)
-    accepted_beyond_root = 0
+    """NUM_SAMPLES seeded generations, 64 at a time in one engine (batched rounds: a row's
+    draws must not depend on its neighbours either)."""
+    engine = build_engine(target, drafter, EngineConfig(
+        max_num_seqs=64, max_queue=NUM_SAMPLES, max_model_len=16, max_budget=32))
     for seed in range(NUM_SAMPLES):
-        request = GenerationRequest(PROMPT, NUM_TOKENS, SamplingParams(TEMPERATURE, seed=seed),
-                                    spec, ignore_eos=True)
-        tokens = []
-        for result, stats in generate(target, drafter, request):  # noqa: B007 (the last)
-            tokens += result.new_tokens
-        accepted_beyond_root += stats.num_accepted_draft_tokens
-        a, b, c = tokens
-        counts[(a * VOCAB + b) * VOCAB + c] += 1
+        engine.add_request(str(seed), GenerationRequest(
+            PROMPT, NUM_TOKENS, SamplingParams(TEMPERATURE, seed=seed), spec, ignore_eos=True))
+    tokens: dict[str, list[int]] = {str(seed): [] for seed in range(NUM_SAMPLES)}
+    accepted_beyond_root = 0
+    while engine.has_work:
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+            if result.finished:
+                assert result.stats is not None
+                accepted_beyond_root += result.stats.num_accepted_draft_tokens
     assert accepted_beyond_root > NUM_SAMPLES // 4, "drafts were (almost) never accepted"
+    assert max(engine.counters.batch_sizes or [0]) > 0 and engine.counters.num_rounds < NUM_SAMPLES
+    counts = torch.zeros(VOCAB**NUM_TOKENS)
+    for a, b, c in tokens.values():
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
     return counts
 
 

@@ -19,7 +19,7 @@ from scipy.stats import chisquare
 
 from ddtree.acceptance import WalkResult, walk
 from ddtree.errors import InvalidArgumentError
-from ddtree.sampling import SamplingParams, make_generator, target_probs
+from ddtree.sampling import RowSampling, SamplingParams, counter_uniform, target_probs
 from ddtree.tree import DraftTree, depths_from_parents
 
 VOCAB = 6
@@ -136,12 +136,41 @@ def test_target_probs_equals_the_plain_python_spec(params: SamplingParams) -> No
     torch.testing.assert_close(probs, torch.tensor(expected), atol=1e-6, rtol=1e-5)
 
 
-def test_make_generator_is_reproducible_per_seed() -> None:
-    first = torch.rand(5, generator=make_generator(42, "cpu"))
-    assert torch.equal(first, torch.rand(5, generator=make_generator(42, "cpu")))
-    assert not torch.equal(first, torch.rand(5, generator=make_generator(43, "cpu")))
-    assert not torch.equal(torch.rand(5, generator=make_generator(None, "cpu")),
-                           torch.rand(5, generator=make_generator(None, "cpu")))
+def test_counter_uniforms_depend_only_on_seed_counter_and_stream() -> None:
+    seed, counter = torch.tensor([42, 42, 43, -5]), torch.tensor([7, 7, 7, 7])
+    draws = counter_uniform(seed, counter, 0, 1000)  # (4, 1000)
+    assert torch.equal(draws[0], draws[1])  # the same seed and counter, another batch row
+    assert not torch.equal(draws[0], draws[2]) and not torch.equal(draws[0], draws[3])
+    assert not torch.equal(draws[0], counter_uniform(seed, counter + 1, 0, 1000)[0])
+    assert not torch.equal(draws[0], counter_uniform(seed, counter, 1, 1000)[0])
+    assert torch.equal(draws[0, :10], counter_uniform(seed[:1], counter[:1], 0, 10)[0])
+    assert ((draws > 0) & (draws < 1)).all()
+    # Uniform enough for the chi-square checks: 20 equal bins over 40,000 draws.
+    many = counter_uniform(torch.arange(40), torch.zeros(40, dtype=torch.long), 0, 1000)
+    counts = torch.histc(many, bins=20, min=0.0, max=1.0)
+    assert chisquare(counts.numpy()).pvalue > MIN_P_VALUE
+
+
+def rows_of(params: SamplingParams, batch: int, seed: int = 0) -> RowSampling:
+    """The same parameters for `batch` rows, each row with its own seed (independent
+    draws: trials in the batch dimension must not share their random numbers)."""
+    filtered = params.top_k > 0 or params.top_p < 1
+    return RowSampling(
+        temperature=torch.full((batch,), params.temperature),
+        top_k=torch.full((batch,), params.top_k, dtype=torch.long),
+        top_p=torch.full((batch,), params.top_p), seed=seed + torch.arange(batch),
+        any_sampled=not params.is_greedy, any_filtered=filtered and not params.is_greedy)
+
+
+def walk_with(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, seed: int = 0,
+              first_child_only: bool = False, max_depth: int | None = None,
+              counter: int = 0) -> WalkResult:
+    """`walk` with one SamplingParams for every row, as the old single-params API."""
+    batch, num_rows = tree.tokens.shape
+    return walk(tree, logits, rows_of(params, batch, seed),
+                torch.full((batch,), counter, dtype=torch.long),
+                torch.full((batch,), first_child_only), num_rows - 1 if max_depth is None
+                else max_depth)
 
 
 # ---------------------------------------------------------------------------- greedy walk
@@ -165,7 +194,7 @@ def greedy_logits(choices: list[int], vocab: int = 16) -> torch.Tensor:
 
 def greedy_walk(choices: list[int], tree: DraftTree | None = None, **kwargs: object) -> WalkResult:
     tree = tree or hand_tree()
-    return walk(tree, greedy_logits(choices), SamplingParams(), **kwargs)  # type: ignore[arg-type]
+    return walk_with(tree, greedy_logits(choices), SamplingParams(), **kwargs)  # type: ignore[arg-type]
 
 
 def assert_walk(result: WalkResult, path: list[int], next_token: int) -> None:
@@ -215,7 +244,7 @@ def test_greedy_walk_rows_are_independent() -> None:
     tree = hand_tree()
     batched = DraftTree(*(t.repeat(2, 1) for t in (tree.tokens, tree.parents, tree.depth)))
     logits = torch.cat([greedy_logits([6, 0, 9, 0, 0, 10, 2, 0]), greedy_logits([3] * 8)])
-    result = walk(batched, logits, SamplingParams())
+    result = walk_with(batched, logits, SamplingParams())
     assert result.path.tolist() == [[0, 2, 5, 6, 0, 0, 0, 0], [0] * 8]
     assert result.acceptance_length.tolist() == [4, 1]
     assert result.next_token.tolist() == [2, 3]
@@ -227,7 +256,7 @@ def test_same_seed_gives_the_same_sampled_walk() -> None:
     logits = torch.randn(500, 8, 16, generator=torch.Generator().manual_seed(1)) * 0.3
     logits[:, torch.arange(8), torch.tensor([6, 0, 9, 0, 0, 10, 2, 0])] += 3  # accept often
     params = SamplingParams(temperature=1.0, seed=7)
-    runs = [walk(batched, logits, params, make_generator(seed, "cpu")) for seed in (7, 7, 8)]
+    runs = [walk_with(batched, logits, params, seed) for seed in (7, 7, 8)]
     for name in ("path", "acceptance_length", "next_token"):
         assert torch.equal(getattr(runs[0], name), getattr(runs[1], name))
     assert not torch.equal(runs[0].next_token, runs[2].next_token)
@@ -296,16 +325,16 @@ def committed_pairs(topology: str, params: SamplingParams, seed: int, **walk_arg
     second round when the first accepted nothing). Returns first (T,), second (T,), the
     target table."""
     gen = torch.Generator().manual_seed(seed)
-    walk_gen = make_generator(seed + 1, "cpu")
     table = target_table(gen)
     name, _, siblings = topology.partition(":")
     parents = TOPOLOGIES[name]
     roots = torch.zeros(NUM_TRIALS, dtype=torch.long)
     tree = random_tree(parents, roots, table, gen, siblings or "distinct")
-    result = walk(tree, table[tree.tokens], params, walk_gen, **walk_args)  # type: ignore[arg-type]
+    result = walk_with(tree, table[tree.tokens], params, seed, **walk_args)  # type: ignore[arg-type]
     first, second = first_committed(tree, result, 1), first_committed(tree, result, 2)
     next_tree = random_tree(parents, first, table, gen, siblings or "distinct")  # round 2
-    next_result = walk(next_tree, table[next_tree.tokens], params, walk_gen, **walk_args)  # type: ignore[arg-type]
+    next_result = walk_with(next_tree, table[next_tree.tokens], params, seed,  # type: ignore[arg-type]
+                            counter=1, **walk_args)
     second = torch.where(second >= 0, second, first_committed(next_tree, next_result, 1))
     return first, second, table
 
@@ -368,7 +397,7 @@ def test_sampled_walk_often_accepts_deep_paths() -> None:
     table = target_table(gen)
     tree = random_tree(TOPOLOGIES["tree"], torch.zeros(NUM_TRIALS, dtype=torch.long), table, gen)
     params = SamplingParams(temperature=1.0)
-    result = walk(tree, table[tree.tokens], params, make_generator(6, "cpu"))
+    result = walk_with(tree, table[tree.tokens], params, 6)
     share = torch.bincount(result.acceptance_length, minlength=5).float() / NUM_TRIALS
     assert share[1] > 0.1 and share[2] > 0.1 and share[3] > 0.1, share
 
@@ -417,7 +446,7 @@ def star_experiment(rule: str) -> float:
         tokens = torch.cat([torch.zeros(NUM_TRIALS, 1, dtype=torch.long), children], dim=1)
         parents = torch.tensor([TOPOLOGIES["star"]]).expand(NUM_TRIALS, -1)
         tree = DraftTree(tokens, parents, depths_from_parents(parents))
-        result = walk(tree, table[tokens], SamplingParams(temperature=1.0), gen)
+        result = walk_with(tree, table[tokens], SamplingParams(temperature=1.0), 123)
         return chi_square_p_value(first_committed(tree, result, 1), probs)
     return chi_square_p_value(star_first_tokens(probs, children, draft, rule, gen), probs)
 

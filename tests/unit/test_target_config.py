@@ -101,10 +101,7 @@ def save_llama(path: Path, rope_parameters: dict) -> Path:
 
 
 def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
-    cache = model.new_cache(1, ids.shape[1])
-    out = model(ids, torch.arange(ids.shape[1])[None], cache, torch.zeros(1, dtype=torch.long),
-                ids.shape[1])
-    return out.logits
+    return model.causal(ids).logits
 
 
 def test_llama3_rope_scaling_matches_transformers(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from ddtree.models.kv_cache import KVCache
+from ddtree.models.kv_pool import KVPool
+from ddtree.models.meta import causal_meta, tree_meta
 from ddtree.models.target import TargetModel, TargetOutput, load_target
+from ddtree.tree import depths_from_parents
 
 VOCAB = 211
 CASES = {
@@ -54,22 +56,29 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return hf, load_target(path, "cpu", torch.float32)
 
 
-def run(model: TargetModel, ids: list[int] | Tensor, cache: KVCache, start: int,
-        tree_mask: Tensor | None = None, depth: Tensor | None = None,
-        feature_layers: tuple[int, ...] = (), last_only: bool = False) -> TargetOutput:
-    """One batch-1 forward of `ids` after `start` committed tokens."""
-    ids = torch.as_tensor(ids).view(1, -1)  # (1, M)
-    offsets = depth if depth is not None else torch.arange(ids.shape[1])
-    positions = (start + offsets).view(1, -1)  # (1, M)
-    lens = torch.tensor([start])
-    return model(ids, positions, cache, lens, start + ids.shape[1], tree_mask=tree_mask,
-                 feature_layers=feature_layers, last_only=last_only)
+def run(model: TargetModel, ids: list[int] | Tensor, pool: KVPool, start: int,
+        parents: list[int] | None = None, feature_layers: tuple[int, ...] = (),
+        last_only: bool = False, slot: int = 0) -> TargetOutput:
+    """One forward of `ids` in pool row `slot` after `start` committed tokens: causal, or
+    a tree with these parents (node j's K/V at slot start + j). Logits (1, M, V)."""
+    ids = torch.as_tensor(ids).view(-1)  # (M,)
+    if parents is None:
+        meta = causal_meta(slot, start, ids.shape[0], ids.device)
+    else:
+        parent = torch.tensor([parents])
+        depth = depths_from_parents(parent)
+        meta = tree_meta(torch.tensor([slot]), torch.tensor([start]), parent, depth,
+                         int(depth.max()) + 1, pool.max_len)
+    rows = torch.tensor([ids.shape[0] - 1]) if last_only else None
+    out = model(ids, meta, pool, feature_layers, logit_rows=rows)
+    features = out.features[None] if out.features is not None else None
+    return TargetOutput(out.logits[None], features)
 
 
 def linear(model: TargetModel, ids: list[int],
            feature_layers: tuple[int, ...] = ()) -> TargetOutput:
-    """Reference: the whole sequence in one causal pass over a fresh cache."""
-    return run(model, ids, model.new_cache(1, len(ids)), 0, feature_layers=feature_layers)
+    """Reference: the whole sequence in one causal pass over a fresh pool."""
+    return run(model, ids, model.new_pool(1, len(ids)), 0, feature_layers=feature_layers)
 
 
 def prompt(n: int, seed: int = 1) -> list[int]:
@@ -85,7 +94,7 @@ def test_logits_match_transformers(pair) -> None:
     assert out.logits.dtype == torch.float32 and out.logits.shape == (1, 11, VOCAB)
     assert expected.abs().max() > 1.0  # the comparison is not between near-zero logits
     torch.testing.assert_close(out.logits, expected, rtol=1e-4, atol=1e-4)
-    last = run(model, ids, model.new_cache(1, 11), 0, last_only=True)
+    last = run(model, ids, model.new_pool(1, 11), 0, last_only=True)
     assert last.logits.shape == (1, 1, VOCAB) and last.features is None
     torch.testing.assert_close(last.logits, expected[:, -1:], rtol=1e-4, atol=1e-4)
 
@@ -97,13 +106,13 @@ def test_features_are_transformers_hidden_states_at_layer_plus_one(pair) -> None
         hidden_states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
     layers = (1, 0, 2)  # order of the request is the order of concatenation
     for last_only in (False, True):
-        out = run(model, ids, model.new_cache(1, 7), 0, feature_layers=layers,
+        out = run(model, ids, model.new_pool(1, 7), 0, feature_layers=layers,
                   last_only=last_only)
         assert out.features is not None and out.features.shape == (1, 7, 3 * 64)
         for chunk, layer in zip(out.features.split(64, dim=-1), layers, strict=True):
             torch.testing.assert_close(chunk, hidden_states[layer + 1], rtol=1e-4, atol=1e-4)
     # Pin the offset: layer 0's feature is its OUTPUT, not the embedding output.
-    first = run(model, ids, model.new_cache(1, 7), 0, feature_layers=(0,)).features
+    first = run(model, ids, model.new_pool(1, 7), 0, feature_layers=(0,)).features
     assert not torch.allclose(first, hidden_states[0], atol=1e-2)
 
 
@@ -111,9 +120,9 @@ def test_prefill_equals_token_by_token_decode(pair) -> None:
     _, model = pair
     ids = prompt(9)
     full = linear(model, ids, feature_layers=(0, 2))
-    cache = model.new_cache(1, 16)
+    pool = model.new_pool(1, 16)
     for i, token in enumerate(ids):
-        step = run(model, [token], cache, i, feature_layers=(0, 2))
+        step = run(model, [token], pool, i, feature_layers=(0, 2))
         torch.testing.assert_close(step.logits[0, 0], full.logits[0, i], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(step.features[0, 0], full.features[0, i], rtol=1e-4,
                                    atol=1e-4)
@@ -137,17 +146,6 @@ def ancestors(parents: list[int], node: int) -> list[int]:
     return chain[::-1]
 
 
-def tree_inputs(parents: list[int]) -> tuple[Tensor, Tensor]:
-    """ancestor-or-self mask (1, N, N) bool and depth (N,) of a parent list."""
-    num = len(parents)
-    mask = torch.zeros(1, num, num, dtype=torch.bool)
-    depth = torch.zeros(num, dtype=torch.long)
-    for i in range(num):
-        mask[0, i, ancestors(parents, i)] = True
-        depth[i] = len(ancestors(parents, i)) - 1
-    return mask, depth
-
-
 @pytest.mark.parametrize("topology,num_nodes", [
     ("chain", 6), ("star", 6), ("random", 12), ("random", 9), ("single", 1)])
 def test_tree_node_equals_linear_pass_along_its_ancestors(pair, topology: str,
@@ -156,11 +154,9 @@ def test_tree_node_equals_linear_pass_along_its_ancestors(pair, topology: str,
     prefix = prompt(5)
     parents = random_parents(num_nodes, topology, seed=num_nodes)
     tokens = prompt(num_nodes, seed=num_nodes + 7)
-    mask, depth = tree_inputs(parents)
-    cache = model.new_cache(1, len(prefix) + num_nodes)
-    run(model, prefix, cache, 0)
-    out = run(model, tokens, cache, len(prefix), tree_mask=mask, depth=depth,
-              feature_layers=(1,))
+    pool = model.new_pool(1, len(prefix) + num_nodes)
+    run(model, prefix, pool, 0)
+    out = run(model, tokens, pool, len(prefix), parents=parents, feature_layers=(1,))
     for node in range(num_nodes):
         chain = [tokens[i] for i in ancestors(parents, node)]
         ref = linear(model, prefix + chain, feature_layers=(1,))
@@ -174,58 +170,60 @@ def test_compacted_tree_path_then_decode_equals_linear_run(pair) -> None:
     prefix, tokens = prompt(6), prompt(10, seed=3)
     parents = [-1, 0, 0, 1, 2, 1, 3, 4, 6, 6]
     path = ancestors(parents, 8)  # [0, 1, 3, 6, 8]: skips siblings, so rows really move
-    mask, depth = tree_inputs(parents)
-    cache = model.new_cache(1, 32)
-    run(model, prefix, cache, 0)
-    run(model, tokens, cache, len(prefix), tree_mask=mask, depth=depth)
-    cache.compact(len(prefix), torch.tensor([path]))
+    pool = model.new_pool(1, 32)
+    run(model, prefix, pool, 0)
+    run(model, tokens, pool, len(prefix), parents=parents)
+    pool.compact(torch.tensor([0]), torch.tensor([len(prefix)]), torch.tensor([path]))
     committed = len(prefix) + len(path)
     following = prompt(3, seed=5)
-    out = run(model, following, cache, committed)
+    out = run(model, following, pool, committed)
     ref = linear(model, prefix + [tokens[i] for i in path] + following)
     torch.testing.assert_close(out.logits[0], ref.logits[0, committed:], rtol=1e-4, atol=1e-4)
 
 
-def test_batch_rows_with_different_cache_lens_equal_each_row_alone(pair) -> None:
+def test_batch_rows_with_different_lengths_equal_each_row_alone(pair) -> None:
     _, model = pair
     prefixes = [prompt(4, seed=11), prompt(7, seed=12)]
     news = [prompt(5, seed=13), prompt(5, seed=14)]
-    masks = [tree_inputs(random_parents(5, "random", seed))[0] for seed in (1, 2)]
-    depths = [tree_inputs(random_parents(5, "random", seed))[1] for seed in (1, 2)]
+    parent_lists = [random_parents(5, "random", seed) for seed in (1, 2)]
     singles = []
-    batched = model.new_cache(2, 16)
+    batched = model.new_pool(3, 16)
     torch.nn.init.normal_(batched.k)  # stale garbage past a row's length must stay unseen
     torch.nn.init.normal_(batched.v)
+    slots = (2, 0)  # pool rows out of order: a batch row is not a pool row
     for b in range(2):
-        cache = model.new_cache(1, 16)
-        run(model, prefixes[b], cache, 0)
-        batched.k[:, b, :, :len(prefixes[b])] = cache.k[:, 0, :, :len(prefixes[b])]
-        batched.v[:, b, :, :len(prefixes[b])] = cache.v[:, 0, :, :len(prefixes[b])]
-        singles.append(run(model, news[b], cache, len(prefixes[b]), tree_mask=masks[b],
-                           depth=depths[b], feature_layers=(0,)))
-    lens = torch.tensor([4, 7])
-    positions = lens[:, None] + torch.stack(depths)  # (2, 5)
-    out = model(torch.tensor(news), positions, batched, lens, kv_len=7 + 5,
-                tree_mask=torch.cat(masks), feature_layers=(0,))
+        pool = model.new_pool(1, 16)
+        run(model, prefixes[b], pool, 0)
+        batched.k[:, slots[b], :len(prefixes[b])] = pool.k[:, 0, :len(prefixes[b])]
+        batched.v[:, slots[b], :len(prefixes[b])] = pool.v[:, 0, :len(prefixes[b])]
+        singles.append(run(model, news[b], pool, len(prefixes[b]), parents=parent_lists[b],
+                           feature_layers=(0,)))
+    parents = torch.tensor(parent_lists)
+    depth = depths_from_parents(parents)
+    meta = tree_meta(torch.tensor(slots), torch.tensor([4, 7]), parents, depth,
+                     int(depth.max()) + 1, batched.max_len)
+    out = model(torch.tensor(news).view(-1), meta, batched, feature_layers=(0,))
+    logits, features = out.logits.view(2, 5, -1), out.features.view(2, 5, -1)
     for b in range(2):
-        torch.testing.assert_close(out.logits[b], singles[b].logits[0], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(out.features[b], singles[b].features[0], rtol=1e-4,
-                                   atol=1e-4)
+        torch.testing.assert_close(logits[b], singles[b].logits[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(features[b], singles[b].features[0], rtol=1e-4, atol=1e-4)
 
 
-def test_kv_cache_compact_moves_the_kept_rows_per_batch_row() -> None:
-    cache = KVCache(num_layers=2, batch=2, num_kv_heads=3, max_len=12, head_dim=4,
-                    device="cpu", dtype=torch.float32)
-    torch.nn.init.normal_(cache.k)
-    torch.nn.init.normal_(cache.v)
-    old_k, old_v = cache.k.clone(), cache.v.clone()
+def test_kv_pool_compact_moves_the_kept_rows_of_each_row() -> None:
+    pool = KVPool(num_layers=2, num_slots=3, max_len=12, num_kv_heads=3, head_dim=4,
+                  device="cpu", dtype=torch.float32)
+    torch.nn.init.normal_(pool.k)
+    torch.nn.init.normal_(pool.v)
+    old_k, old_v = pool.k.clone(), pool.v.clone()
     keep = torch.tensor([[0, 2, 3, 6], [0, 1, 4, 5]])
-    cache.compact(3, keep)
-    for b in range(2):
+    slots, starts = torch.tensor([2, 0]), torch.tensor([3, 5])
+    pool.compact(slots, starts, keep)
+    for b, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist(), strict=True)):
         for j, offset in enumerate(keep[b].tolist()):
-            assert torch.equal(cache.k[:, b, :, 3 + j], old_k[:, b, :, 3 + offset])
-            assert torch.equal(cache.v[:, b, :, 3 + j], old_v[:, b, :, 3 + offset])
-    assert torch.equal(cache.k[:, :, :, :3], old_k[:, :, :, :3])  # committed rows untouched
+            assert torch.equal(pool.k[:, slot, start + j], old_k[:, slot, start + offset])
+            assert torch.equal(pool.v[:, slot, start + j], old_v[:, slot, start + offset])
+        assert torch.equal(pool.k[:, slot, :start], old_k[:, slot, :start])  # committed rows
+    assert torch.equal(pool.k[:, 1], old_k[:, 1])  # other pool rows untouched
 
 
 def test_tied_embeddings_share_one_tensor(pair) -> None:
@@ -243,7 +241,7 @@ def test_loaded_target_is_frozen_in_eval_mode_and_in_the_requested_dtype(
     assert not model.training
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in model.parameters())
     assert model.rotary.inv_freq.dtype == torch.float32
-    cache = model.new_cache(1, 8)
-    assert cache.k.dtype == torch.bfloat16
-    out = run(model, prompt(8), cache, 0)
+    pool = model.new_pool(1, 8)
+    assert pool.k.dtype == torch.bfloat16
+    out = run(model, prompt(8), pool, 0)
     assert out.logits.dtype == torch.float32 and torch.isfinite(out.logits).all()

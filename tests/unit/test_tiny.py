@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from ddtree.models.drafter import load_drafter
+from ddtree.models.meta import causal_meta
 from ddtree.models.target import load_target
 from ddtree.models.tiny import VOCAB_SIZE, make_tiny_pair
 
@@ -34,8 +35,7 @@ def test_our_loaders_and_transformers_read_the_pair_alike(pair) -> None:
     assert (drafter.config.mask_token_id is None) == (family == "llama")
     hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     ids = torch.tensor([[1, 50, 60, 70, 80, 90]])
-    cache = target.new_cache(1, 16)
-    ours = target(ids, torch.arange(6)[None], cache, torch.zeros(1, dtype=torch.long), 6).logits
+    ours = target.causal(ids).logits
     torch.testing.assert_close(ours, hf(ids).logits.float(), atol=1e-4, rtol=1e-4)
 
 
@@ -63,15 +63,14 @@ def test_target_greedy_decoding_is_varied_and_free_of_near_ties(pair) -> None:
     num_steps = 32
     for seed in range(2):
         ids = torch.randint(4, VOCAB_SIZE, (1, 6), generator=torch.Generator().manual_seed(seed))
-        cache = target.new_cache(1, 6 + num_steps)
-        cache_lens = torch.zeros(1, dtype=torch.long)
+        pool = target.new_pool(1, 6 + num_steps)
+        committed = 0
         tokens = []
         for _ in range(num_steps):
             length = ids.shape[1]
-            positions = cache_lens[:, None] + torch.arange(length)  # (1, M)
-            logits = target(ids, positions, cache, cache_lens, int(cache_lens) + length,
-                            last_only=True).logits[0, -1]
-            cache_lens += length
+            meta = causal_meta(0, committed, length, ids.device)
+            logits = target(ids.view(-1), meta, pool).logits[-1]
+            committed += length
             top2 = logits.topk(2).values
             assert top2[0] - top2[1] > 1e-4  # float32 noise (~1e-6) cannot flip greedy
             ids = logits.argmax()[None, None]

@@ -135,11 +135,11 @@ def test_training_blocks_match_inference_drafting(tmp_path: Path) -> None:
                 anchor = int(batch.anchors[row, j])
                 if batch.weights[row, j, 0] == 0:
                     continue  # a padding block
-                cache = drafter.new_cache(1, seq_len + b)
-                drafter.append_context(cache, torch.zeros(1, dtype=torch.long),
-                                       fused[row:row + 1, :anchor], positions[:1, :anchor])
-                expected = drafter.draft(cache, torch.tensor([anchor]), anchor,
-                                         batch.bonus[row, j:j + 1], embeddings, b)
+                pool = drafter.new_pool(1, seq_len + b)
+                zero = torch.zeros(1, dtype=torch.long)
+                drafter.append_context(pool, zero, zero, fused[row:row + 1, :anchor])
+                expected = drafter.draft(pool, zero, torch.tensor([anchor]),
+                                         batch.bonus[row, j:j + 1], embeddings)
                 torch.testing.assert_close(logits[row, j], expected[0], atol=1e-4, rtol=1e-4)
 
 
@@ -151,10 +151,8 @@ def test_training_features_equal_the_serving_targets_features(tmp_path: Path) ->
     layer_ids = (0, 2, 3)
     features = TargetFeatures(target_dir, layer_ids, torch.device("cpu"), torch.float32)(ids)
     target = load_target(target_dir, "cpu", torch.float32)
-    cache = target.new_cache(2, 9)
     with torch.no_grad():
-        served = target(ids, torch.arange(9).expand(2, -1), cache,
-                        torch.zeros(2, dtype=torch.long), 9, feature_layers=layer_ids).features
+        served = target.causal(ids, feature_layers=layer_ids).features
     torch.testing.assert_close(features, served, atol=1e-4, rtol=1e-4)
 
 

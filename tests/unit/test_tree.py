@@ -14,6 +14,7 @@ from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.tree import (
     DraftTree,
     ancestor_mask,
+    build_round_tree,
     build_tree,
     chain_tree,
     depths_from_parents,
@@ -233,7 +234,7 @@ def test_build_tree_and_walk_never_read_tensor_values_on_the_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from ddtree.acceptance import walk
-    from ddtree.sampling import SamplingParams
+    from ddtree.sampling import RowSampling
 
     logits = torch.randn(2, 4, 9)
     bonus = torch.tensor([1, 2])
@@ -246,9 +247,17 @@ def test_build_tree_and_walk_never_read_tensor_values_on_the_host(
         monkeypatch.setattr(torch.Tensor, name, sync)
     monkeypatch.setattr(torch, "nonzero", sync)
     tree = build_tree(logits, bonus, 20, 4)
-    walk(tree, target_logits, SamplingParams())
-    walk(tree, target_logits, SamplingParams(temperature=0.8, top_k=5, top_p=0.9),
-         first_child_only=True, max_depth=4)
+    counter, first_child = torch.tensor([5, 9]), torch.tensor([False, True])
+    greedy = RowSampling(torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2),
+                         torch.tensor([1, 2]), any_sampled=False, any_filtered=False)
+    mixed = RowSampling(torch.tensor([0.0, 0.8]), torch.tensor([0, 5]),
+                        torch.tensor([1.0, 0.9]), torch.tensor([1, 2]), any_sampled=True,
+                        any_filtered=True)
+    walk(tree, target_logits, greedy, counter, first_child, 20)
+    walk(tree, target_logits, mixed, counter, first_child, 4)
+    round_tree = build_round_tree(logits, bonus, 20, torch.tensor([20, 4]),
+                                  torch.tensor([True, False]), torch.tensor([0, 3]))
+    walk(round_tree, target_logits, mixed, counter, first_child, 4)
     ancestor_mask(tree.parents)
     depths_from_parents(tree.parents)
     monkeypatch.undo()
