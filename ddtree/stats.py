@@ -1,18 +1,12 @@
-"""Per-request speculation statistics and stage timing that adds no host sync.
-
-Stage times on a GPU are recorded with CUDA events and only read when the round has
-already synchronised (to learn its committed tokens), so collecting them costs nothing
-extra on the decode path; on the CPU they are plain wall-clock intervals.
+"""Per-request speculation statistics: rounds, acceptance lengths, drafted nodes, stage
+times (measured by the engine without a host sync of their own: ddtree/engine/timing.py).
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 
 @dataclass
@@ -62,51 +56,3 @@ class GenerationStats:
             "num_completion_tokens": self.num_completion_tokens,
             "stage_seconds": {k: round(v, 6) for k, v in self.stage_seconds.items()},
         }
-
-
-class StageTimer:
-    """Marks stage boundaries; `flush` adds finished intervals to `stats.stage_seconds`.
-
-    On a GPU each boundary is a CUDA event. `flush` never waits: it resolves the
-    intervals whose end event has already completed and keeps the rest for a later
-    flush; `close` waits for the last ones once the generation is over.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self._last: Any = None
-        self._pending: list[tuple[str, Any, Any]] = []  # (stage, begin, end)
-
-    def _now(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def start(self) -> None:
-        self._last = self._now()
-
-    def mark(self, stage: str) -> None:
-        """Ends `stage` (which began at the previous mark or `start`)."""
-        now = self._now()
-        self._pending.append((stage, self._last, now))
-        self._last = now
-
-    def flush(self, stats: GenerationStats) -> None:
-        while self._pending:
-            stage, begin, end = self._pending[0]
-            if self.cuda:
-                if not end.query():  # still running: resolve at a later flush
-                    return
-                seconds = begin.elapsed_time(end) / 1000.0
-            else:
-                seconds = end - begin
-            stats.stage_seconds[stage] += seconds
-            self._pending.pop(0)
-
-    def close(self, stats: GenerationStats) -> None:
-        """Waits for the last recorded interval (call once the generation is over)."""
-        if self.cuda and self._pending:
-            self._pending[-1][2].synchronize()
-        self.flush(stats)

@@ -32,6 +32,7 @@ from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult, To
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
 from ddtree.engine.state import RowParams, SlotAllocator, SlotState
+from ddtree.engine.timing import RoundTimer
 from ddtree.errors import CapacityError, InvalidArgumentError
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.ops import Backend
@@ -175,22 +176,24 @@ class Engine:
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
         slots = [row.slot for row in rows] + [self.state.scratch] * (key.batch - len(rows))
-        buffers.rows.copy_(torch.tensor(slots), non_blocking=True)
-        started = time.perf_counter()
+        if slots != buffers.last_slots:  # unchanged rows (the steady state): nothing to send
+            buffers.rows.copy_(torch.tensor(slots), non_blocking=True)
+            buffers.last_slots = slots
+        timer = RoundTimer(self.device)
         if key.num_nodes:
             self._draft(rows, key, buffers)
-        drafted = time.perf_counter()
+        timer.mark()
         layers = self.feature_layers if key.num_nodes else ()
-        verified_out = self._replay(("verify", key), buffers, lambda: verify_into(
+        verified = self._replay(("verify", key), buffers, lambda: verify_into(
             self.state, self.target, self.pool, buffers, key, layers))
+        timer.mark()
         out = buffers.out.to("cpu")  # the round's one device-to-host copy (a sync)
-        verified = time.perf_counter()
         self.counters.num_rounds += 1
         self.counters.num_target_forwards += 1
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
-        stages = {"draft": drafted - started, "verify": verified - drafted}
-        return self._harvest(rows, out.tolist(), verified_out.logits, buffers.width, stages)
+        stages = dict(zip(("draft", "verify"), timer.seconds(), strict=True))
+        return self._harvest(rows, out.tolist(), verified.logits, buffers.width, stages)
 
     def _draft(self, rows: list[Row], key: BucketKey, buffers: RoundBuffers) -> None:
         drafting = self.drafting
@@ -209,6 +212,7 @@ class Engine:
             buffers.rows.fill_(self.state.scratch)
             self.graphs.capture(graph_key, fn)
             buffers.rows.copy_(real)
+            self.state.reset_scratch()
         return self.graphs.run(graph_key, fn)
 
     def _bucket(self, rows: list[Row]) -> BucketKey:

@@ -64,6 +64,7 @@ class RoundBuffers:
         self.depth = torch.zeros(shape, dtype=torch.long, device=device)
         self.valid = torch.zeros(shape, dtype=torch.bool, device=device)
         self.out = torch.zeros(batch, 2 + 2 * width, dtype=torch.long, device=device)
+        self.last_slots: list[int] = []  # what `rows` holds (the host skips an equal copy)
 
     def tree(self) -> DraftTree:
         return DraftTree(self.tokens, self.parents, self.depth, valid=self.valid)

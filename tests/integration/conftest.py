@@ -93,7 +93,8 @@ def verifier(tiny_pair: Path, drafter_port: int) -> Iterator[Verifier]:
         mode="tree",
         budget=8,
         max_budget=MAX_BUDGET,
-        max_sessions=MAX_SESSIONS,
+        max_num_seqs=MAX_SESSIONS,
+        max_queue=4,
     )
     server, port = build_verifier(config)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)

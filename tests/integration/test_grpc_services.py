@@ -15,8 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ddtree import codec
-from ddtree.engine import GenerationRequest as EngineRequest
-from ddtree.engine import SpecParams, VerifySession
+from ddtree.engine import SpecParams
 from ddtree.models.target import TargetModel
 from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2
 from tests.integration.conftest import (
@@ -65,15 +64,6 @@ def test_generate_at_temperature_zero_serves_the_targets_greedy_tokens(
         histogram = out.stats.acceptance_histogram
         assert sorted(n for n, _ in out.rounds[1:]) == [
             length for length, count in enumerate(histogram) for _ in range(count)]
-
-
-def test_verify_session_ar_steps_match_the_target(target: TargetModel) -> None:
-    prompt = make_prompt(target, 5, 3)
-    session = VerifySession(target, EngineRequest(prompt, 10, ignore_eos=True))
-    tokens = session.prefill().new_tokens
-    while not session.finished:
-        tokens += session.verify(None).new_tokens
-    assert tokens == greedy_tokens(target, prompt, 10)
 
 
 def open_session(verifier: Verifier, prompt: list[int]) -> verifier_pb2.OpenSessionResponse:
