@@ -50,6 +50,7 @@ _MODE_TO_PB: dict[str, common_pb2.Mode] = {
     "linear": common_pb2.MODE_LINEAR,
     "tree": common_pb2.MODE_TREE,
     "shadow": common_pb2.MODE_SHADOW,
+    "auto": common_pb2.MODE_AUTO,
 }
 _PB_TO_MODE: dict[int, str] = {int(pb): mode for mode, pb in _MODE_TO_PB.items()}
 

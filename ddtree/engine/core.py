@@ -27,6 +27,7 @@ from ddtree.engine.config import EngineConfig, PoolPlan, plan_pool
 from ddtree.engine.drafting import Drafting, LocalDrafter
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.logprobs import token_logprobs
+from ddtree.engine.policy import BudgetPolicy
 from ddtree.engine.prefill import prefill_row
 from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult, TokenLogprob
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
@@ -76,6 +77,7 @@ class Engine:
         self.sessions: dict[str, Row] = {}  # client sessions (OpenSession), see sessions.py
         self._buffers: dict[tuple[int, int], RoundBuffers] = {}
         self._eos = tuple(target.config.eos_token_ids)
+        self.policy = BudgetPolicy(depth, config.max_budget) if drafting is not None else None
 
     # ------------------------------------------------------------ requests
 
@@ -105,11 +107,14 @@ class Engine:
         depth = self.drafting.block_size - 1 if self.drafting is not None else 0
         mode = request.spec.mode if drafting else "ar"
         num_nodes = MODE_RULES[mode].num_nodes(request.spec.budget, depth)
+        if mode == "auto":
+            num_nodes = depth  # the policy sets it every round
         seed = request.sampling.seed
         stats = GenerationStats(mode, request.spec.budget)
         stats.num_prompt_tokens = len(request.prompt_ids)
         return Row(request_id, request, num_nodes, request.stop_set(self._eos),
-                   seed if seed is not None else secrets.randbits(63), stats, drafting=drafting)
+                   seed if seed is not None else secrets.randbits(63), stats, drafting=drafting,
+                   auto=mode == "auto")
 
     def abort(self, request_id: str) -> bool:
         """Ends a waiting or running generation at once (its row is free for the next
@@ -145,6 +150,10 @@ class Engine:
         budget = self.config.max_prefill_tokens
         while self.waiting and self.slots.num_free and (budget > 0 or not outputs):
             row = self.waiting.popleft()
+            if row.auto and self.policy is not None and self.policy.prefers_ar(
+                    self.plan.batch_bucket(len(self.running) + 1)):
+                row.auto, row.drafting, row.num_nodes = False, False, 0
+                row.stats.mode = "ar"
             slot = self.slots.allocate()
             assert slot is not None
             row.slot = slot
@@ -173,6 +182,10 @@ class Engine:
         return result
 
     def _round(self, rows: list[Row]) -> list[Output]:
+        started, num_graphs = time.perf_counter(), self.graphs.num_graphs
+        auto = [row for row in rows if row.auto]
+        if auto and self.policy is not None:
+            self._follow_policy(auto, self.plan.batch_bucket(len(rows)))
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
         slots = [row.slot for row in rows] + [self.state.scratch] * (key.batch - len(rows))
@@ -193,7 +206,34 @@ class Engine:
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
         stages = dict(zip(("draft", "verify"), timer.seconds(), strict=True))
-        return self._harvest(rows, out.tolist(), verified.logits, buffers.width, stages)
+        outputs = self._harvest(rows, out.tolist(), verified.logits, buffers.width, stages)
+        if auto and self.policy is not None and self.graphs.num_graphs == num_graphs:
+            lengths = [row.num_pending for row in auto if row.auto]
+            self.policy.observe(key.batch, key.num_nodes, time.perf_counter() - started,
+                                lengths)
+        return outputs
+
+    def _follow_policy(self, rows: list[Row], batch: int) -> None:
+        """Sets the auto rows' tree size for this round (or ends their drafting)."""
+        assert self.policy is not None
+        if self.policy.prefers_ar(batch):
+            for row in rows:
+                row.auto, row.num_nodes = False, 0
+                row.stats.mode = "ar"
+                self._stop_drafting(row)
+            return
+        choice = self.policy.choose(batch)
+        for row in rows:
+            if row.num_nodes != choice:
+                row.num_nodes = choice
+                self.state.set_tree_shape(row.slot, choice, choice == self.policy.depth)
+
+    def _stop_drafting(self, row: Row) -> None:
+        """The row continues in ar for good (its trees are the root alone from now)."""
+        if row.drafting and self.drafting is not None:
+            self.drafting.release(row.slot, row.request_id)
+        row.drafting, row.num_nodes = False, 0
+        self.state.set_tree_shape(row.slot, 0, False)
 
     def _draft(self, rows: list[Row], key: BucketKey, buffers: RoundBuffers) -> None:
         drafting = self.drafting

@@ -11,7 +11,7 @@ from ddtree.errors import InvalidArgumentError
 from ddtree.sampling import SamplingParams
 from ddtree.stats import GenerationStats
 
-Mode = Literal["ar", "linear", "tree", "shadow"]
+Mode = Literal["ar", "linear", "tree", "shadow", "auto"]
 MODES: tuple[str, ...] = get_args(Mode)
 MAX_BUDGET = 1024
 
@@ -45,6 +45,8 @@ MODE_RULES: dict[str, ModeRule] = {
     "linear": ModeRule(drafts=True, uses_budget=False, force_chain=True, first_child_only=True),
     "tree": ModeRule(drafts=True, uses_budget=True, force_chain=False, first_child_only=False),
     "shadow": ModeRule(drafts=True, uses_budget=True, force_chain=True, first_child_only=True),
+    # The tree size follows measured gain (ddtree/engine/policy.py); a chain is a tree.
+    "auto": ModeRule(drafts=True, uses_budget=True, force_chain=False, first_child_only=False),
 }
 
 

@@ -27,6 +27,7 @@ class Row:
     finished: bool = False
     aborted: bool = False
     drafting: bool = False  # the drafter holds this row's context
+    auto: bool = False  # the tree size follows the budget policy
     last_used_s: float = 0.0  # client sessions: for the idle timeout
     pending_out: list[RoundResult] = field(default_factory=list)
 

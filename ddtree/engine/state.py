@@ -72,8 +72,10 @@ class SlotState:
         floats = torch.tensor([params.temperature, params.top_p], dtype=torch.float32)
         self.floats[slot] = floats.to(self.floats.device, non_blocking=True)
 
-    def set_budget(self, slot: int, budget: int) -> None:
+    def set_tree_shape(self, slot: int, budget: int, force_chain: bool) -> None:
+        """An auto row's tree for its next rounds (the walk stays the full tree walk)."""
         self.ints[slot, BUDGET] = budget
+        self.ints[slot, FORCE_CHAIN] = int(force_chain)
 
     def column(self, rows: Tensor, column: int) -> Tensor:
         return self.ints[rows, column]

@@ -15,11 +15,13 @@ class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODE_LINEAR: _ClassVar[Mode]
     MODE_TREE: _ClassVar[Mode]
     MODE_SHADOW: _ClassVar[Mode]
+    MODE_AUTO: _ClassVar[Mode]
 MODE_UNSPECIFIED: Mode
 MODE_AR: Mode
 MODE_LINEAR: Mode
 MODE_TREE: Mode
 MODE_SHADOW: Mode
+MODE_AUTO: Mode
 
 class SpecParams(_message.Message):
     __slots__ = ("mode", "budget", "max_topk")

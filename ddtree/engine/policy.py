@@ -1,0 +1,105 @@
+"""Budget follows measured gain: the tree size of `auto` rows, chosen every round from the
+batch size, the measured acceptance length per tree size and the measured round cost per
+(batch bucket, tree size).
+
+Expected throughput of a choice with n tree nodes at batch bucket B is tau(n) / cost(B, n)
+tokens per second per row (tau = tokens committed per round, bonus included). The policy
+takes the best measured choice; a choice not yet measured at this batch size is tried once
+first (exploration), and every `REEXPLORE_ROUNDS` rounds the least recently measured
+choice is tried again, so estimates follow the traffic. `ar` (no tree) is a choice too, but
+a row that stops drafting cannot resume (the drafter's context would miss rows), so `auto`
+rows go to ar only when ar beats the best tree by `AR_MARGIN`, and new `auto` rows are then
+admitted as ar. A per-request mode and budget always win: only `auto` rows follow this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Weight of the newest measurement in a moving average.
+EMA_WEIGHT = 0.1
+# Rounds a choice is measured at a batch size before it is judged.
+MIN_SAMPLES = 4
+# A measured choice is tried again after this many rounds at its batch bucket.
+REEXPLORE_ROUNDS = 200
+# ar must win by this factor before drafting rows give up drafting.
+AR_MARGIN = 1.1
+# Before ar was ever measured at a batch size: an ar round costs this share of a chain round.
+AR_COST_PRIOR = 0.7
+TREE_SIZES = (16, 32, 64, 128)
+
+
+@dataclass
+class _Average:
+    value: float = 0.0
+    count: int = 0
+    last_round: int = 0
+
+    def add(self, x: float, round_index: int) -> None:
+        self.value = x if self.count == 0 else (1 - EMA_WEIGHT) * self.value + EMA_WEIGHT * x
+        self.count += 1
+        self.last_round = round_index
+
+
+@dataclass
+class BudgetPolicy:
+    """depth: L, the draft block's depth (the chain's size); max_budget: the largest tree."""
+
+    depth: int
+    max_budget: int
+    _tau: dict[int, _Average] = field(default_factory=dict)
+    _cost: dict[tuple[int, int], _Average] = field(default_factory=dict)
+    _round: int = 0
+
+    @property
+    def choices(self) -> tuple[int, ...]:
+        """Tree sizes (nodes besides the root): the chain, then trees up to max_budget."""
+        trees = [n for n in TREE_SIZES if self.depth < n <= self.max_budget]
+        return (self.depth, *trees)
+
+    def choose(self, batch: int) -> int:
+        """The tree size for this round's auto rows at batch bucket `batch` (never 0: see
+        `prefers_ar`)."""
+        self._round += 1
+        for choice in self.choices:
+            cost = self._cost.get((batch, choice))
+            if cost is None or cost.count < MIN_SAMPLES:
+                return choice  # not measured enough at this batch size yet: try it
+        stale = min(self.choices, key=lambda c: self._cost[(batch, c)].last_round)
+        if self._round - self._cost[(batch, stale)].last_round > REEXPLORE_ROUNDS:
+            return stale
+        return max(self.choices, key=lambda c: self.throughput(batch, c))
+
+    def throughput(self, batch: int, choice: int) -> float:
+        """Expected tokens per second per row; 0 when unknown."""
+        cost = self._cost.get((batch, choice))
+        if cost is None or cost.value <= 0:
+            return 0.0
+        tau = self._tau[choice].value if choice in self._tau else 1.0
+        return tau / cost.value
+
+    def prefers_ar(self, batch: int) -> bool:
+        """Whether ar beats the best tree by AR_MARGIN at this batch bucket (judged once
+        every tree size was measured there)."""
+        measured = [self._cost.get((batch, c)) for c in self.choices]
+        if any(cost is None or cost.count < MIN_SAMPLES for cost in measured):
+            return False
+        best = max(self.throughput(batch, c) for c in self.choices)
+        ar = self._cost.get((batch, 0))
+        chain = self._cost.get((batch, self.depth))
+        if ar is not None and ar.value > 0:
+            ar_rate = 1.0 / ar.value
+        elif chain is not None and chain.value > 0:
+            ar_rate = 1.0 / (AR_COST_PRIOR * chain.value)
+        else:
+            return False
+        return ar_rate > AR_MARGIN * best
+
+    def observe(self, batch: int, num_nodes: int, seconds: float,
+                acceptance_lengths: list[int]) -> None:
+        """One round at batch bucket `batch` with node bucket `num_nodes` took `seconds`;
+        its auto rows (run at that size) committed `acceptance_lengths` tokens. (The engine
+        leaves out rounds that captured a graph: they measure the capture.)"""
+        self._cost.setdefault((batch, num_nodes), _Average()).add(seconds, self._round)
+        for length in acceptance_lengths:
+            self._tau.setdefault(num_nodes, _Average()).add(float(length), self._round)

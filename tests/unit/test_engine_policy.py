@@ -1,0 +1,78 @@
+"""The load-following budget policy: explores each tree size, takes the best measured
+throughput per batch size, drops to ar only when ar wins clearly; `auto` rows in the
+engine stay exact whatever the policy picks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.engine import EngineConfig, GenerationRequest, SpecParams, generate
+from ddtree.engine.generate import build_engine
+from ddtree.engine.policy import MIN_SAMPLES, BudgetPolicy
+from ddtree.models.tiny import make_tiny_pair
+from ddtree.runtime import load_pair
+
+
+def feed(policy: BudgetPolicy, batch: int, cost: dict[int, float], tau: dict[int, float],
+         rounds: int) -> list[int]:
+    """Runs `rounds` decisions, answering each with the given cost and acceptance."""
+    picks = []
+    for _ in range(rounds):
+        choice = policy.choose(batch)
+        picks.append(choice)
+        policy.observe(batch, choice, cost[choice], [round(tau[choice])] * 2)
+    return picks
+
+
+def test_every_size_is_measured_first_then_the_best_throughput_wins() -> None:
+    policy = BudgetPolicy(depth=15, max_budget=64)
+    assert policy.choices == (15, 16, 32, 64)
+    cost = {15: 1.0, 16: 1.1, 32: 1.2, 64: 2.0}
+    tau = {15: 2.0, 16: 2.0, 32: 3.0, 64: 4.0}  # per unit cost: 2.0, 1.8, 2.5, 2.0
+    picks = feed(policy, 1, cost, tau, 4 * MIN_SAMPLES + 10)
+    assert sorted(set(picks[: 4 * MIN_SAMPLES])) == [15, 16, 32, 64]
+    assert picks[4 * MIN_SAMPLES:] == [32] * 10
+    assert not policy.prefers_ar(1)
+    # Another batch size is measured on its own: there the chain wins.
+    busy = {15: 1.0, 16: 1.5, 32: 2.5, 64: 5.0}
+    assert feed(policy, 8, busy, tau, 4 * MIN_SAMPLES + 5)[-5:] == [15] * 5
+
+
+def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
+    policy = BudgetPolicy(depth=7, max_budget=16)
+    assert not policy.prefers_ar(4)  # nothing measured yet
+    feed(policy, 4, {7: 1.0, 16: 1.2}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES)
+    assert policy.prefers_ar(4)  # the prior: an ar round costs 0.7 of a chain round
+    policy.observe(4, 0, 0.95, [])  # measured: ar barely cheaper than the chain
+    assert not policy.prefers_ar(4)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("tiny-policy")
+    make_tiny_pair(root, family="llama")
+    return load_pair(root / "target", root / "drafter", torch.device("cpu"), torch.float32)
+
+
+def test_auto_rows_stay_exact_and_a_useless_drafter_ends_in_ar(pair) -> None:
+    """The tiny pair's drafter is random (acceptance ~1): after measuring every tree size
+    the policy moves the auto rows to ar; their tokens are the ar tokens throughout."""
+    target, drafter = pair
+    prompt = [5, 6, 7, 8, 9]
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=2, max_model_len=160,
+                                                        max_budget=32))
+    for i in range(2):
+        engine.add_request(f"auto{i}", GenerationRequest(prompt, 120, spec=SpecParams("auto"),
+                                                         ignore_eos=True))
+    tokens: dict[str, list[int]] = {"auto0": [], "auto1": []}
+    sizes = []
+    while engine.has_work:
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+        sizes.append(sorted(row.num_nodes for row in engine.running.values()))
+    reference = [t for r, _ in generate(target, None, GenerationRequest(
+        prompt, 120, spec=SpecParams("ar"), ignore_eos=True)) for t in r.new_tokens]
+    assert tokens["auto0"] == reference and tokens["auto1"] == reference
+    assert {7, 16, 32} <= {n for s in sizes for n in s}  # every size was tried
+    assert sizes[-2] == [0, 0]  # and it ended in ar
