@@ -1,0 +1,293 @@
+"""The engine on a GPU, measured the way a user would run it, in one process.
+
+Stages (comma list, `--stages`):
+  exact     every mode x budget on HumanEval (chat template, T=0) at concurrency 1 and 8,
+            bf16 with batch-invariant kernels: tokens compared with ar's (and the speeds)
+  speed     tok/s per mode at batch 1 side by side: ar, linear, tree@{15,16,32,64},
+            shadow@64, plus ar / tree@64 with the batch-invariant GEMMs off (cuBLAS) and
+            transformers' static-cache `generate` on the same prompts
+  fp32      the same exactness check in float32 (fewer modes)
+  load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
+  shapes8b  a Qwen3-8B-shaped target + z-lab-8B-shaped drafter (random bf16 weights built
+            on the GPU): ar step vs the weight-read floor, verify of 1+63 nodes, one draft
+            block, copy bandwidth measured in the same run
+Writes `$OUT/engine_<stage>.json` and prints one table per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.generate import build_engine
+from ddtree.models.drafter import DFlashDrafter, DrafterConfig
+from ddtree.models.target import TargetModel
+from ddtree.models.target_config import TargetConfig
+from ddtree.runtime import load_pair
+
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+SPECS = {
+    "ar": SpecParams("ar"), "linear": SpecParams("linear"),
+    "tree@15": SpecParams("tree", 15), "tree@15k8": SpecParams("tree", 15, 8),
+    "tree@16": SpecParams("tree", 16), "tree@32": SpecParams("tree", 32),
+    "tree@64": SpecParams("tree", 64), "tree@128": SpecParams("tree", 128),
+    "shadow@16": SpecParams("shadow", 16), "shadow@64": SpecParams("shadow", 64),
+    "auto": SpecParams("auto"),
+}
+
+
+def humaneval_prompts(path: Path, tokenizer: Any, count: int) -> list[list[int]]:
+    with gzip.open(path, "rt") as f:
+        problems = [json.loads(line)["prompt"] for line in f][:count]
+    out = []
+    for text in problems:
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Complete this Python function.\n\n" + text}],
+            tokenize=False, add_generation_prompt=True)
+        out.append(list(tokenizer(chat, add_special_tokens=False)["input_ids"]))
+    return out
+
+
+def run_batch(engine: Any, prompts: list[list[int]], spec: SpecParams, max_tokens: int,
+              ) -> dict[str, Any]:
+    """All prompts submitted at once; -> tokens per prompt, wall time (prefill included),
+    decode time (after the first step), rounds and per-stage seconds (summed over rows)."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"p{i}", GenerationRequest(prompt, max_tokens, spec=spec,
+                                                      ignore_eos=True))
+    tokens: dict[str, list[int]] = {f"p{i}": [] for i in range(len(prompts))}
+    taus: list[float] = []
+    rounds, stages = 0, {"draft": 0.0, "verify": 0.0}
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    first_done = None
+    while engine.has_work:
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+            if result.finished and result.stats is not None:
+                taus.append(result.stats.mean_acceptance_length)
+                rounds += result.stats.num_rounds
+                for stage in stages:
+                    stages[stage] += result.stats.stage_seconds.get(stage, 0.0)
+        if first_done is None:
+            first_done = time.perf_counter()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    return {"tokens": [tokens[f"p{i}"] for i in range(len(prompts))], "wall_s": wall,
+            "decode_s": wall - ((first_done or start) - start),
+            "num_tokens": sum(len(t) for t in tokens.values()), "rounds": rounds,
+            "stages": stages, "tau": sum(taus) / max(len(taus), 1)}
+
+
+def sequential(engine: Any, prompts: list[list[int]], spec: SpecParams,
+               max_tokens: int) -> dict[str, Any]:
+    """One request at a time (concurrency 1): tok/s = tokens / wall time, prefill included
+    (as transformers' generate is timed)."""
+    results = [run_batch(engine, [p], spec, max_tokens) for p in prompts]
+    return {"tokens": [r["tokens"][0] for r in results],
+            "tok_s": sum(r["num_tokens"] for r in results) / sum(r["wall_s"] for r in results),
+            "tau": sum(r["tau"] for r in results) / len(results)}
+
+
+def stage_exact(args: argparse.Namespace, dtype: torch.dtype = torch.bfloat16,
+                names: tuple[str, ...] = ("ar", "linear", "tree@16", "tree@64", "shadow@16",
+                                          "shadow@64", "tree@15k8")) -> dict[str, Any]:
+    target, drafter, tokenizer = load(args, dtype)
+    prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=16, max_model_len=2048))
+    sequential(engine, prompts[:1], SPECS["tree@64"], 16)  # warm-up: kernels and graphs
+    rows: dict[str, Any] = {}
+    reference = None
+    for name in names:
+        for concurrency in (1, 8):
+            batch = prompts * (8 // len(prompts) + 1)
+            run = (sequential(engine, prompts, SPECS[name], args.max_tokens) if concurrency == 1
+                   else run_batch(engine, batch[:8], SPECS[name], args.max_tokens))
+            got = run["tokens"][: len(prompts)]
+            if reference is None:
+                reference = got
+            same = [a == b for a, b in zip(got, reference, strict=True)]
+            rows[f"{name}/c{concurrency}"] = {"same_as_ar": sum(same), "of": len(same),
+                                              "tau": round(run["tau"], 3),
+                                              "first_diff": first_diff(got, reference)}
+            print(f"{name:>10} c{concurrency}: ={sum(same)}/{len(same)} tau {run['tau']:.2f}",
+                  flush=True)
+    return rows
+
+
+def first_diff(got: list[list[int]], reference: list[list[int]]) -> list[int]:
+    out = []
+    for a, b in zip(got, reference, strict=True):
+        out.append(next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), -1))
+    return out
+
+
+def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
+    target, drafter, tokenizer = load(args, torch.bfloat16)
+    prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
+    rows: dict[str, Any] = {}
+    for invariant in (True, False):
+        engine = build_engine(target, drafter, EngineConfig(max_num_seqs=4, max_model_len=2048,
+                                                            invariant=invariant))
+        names = (("ar", "linear", "tree@15", "tree@15k8", "tree@16", "tree@32", "tree@64",
+                  "tree@128", "shadow@16", "shadow@64") if invariant else ("ar", "tree@64"))
+        reference = None
+        for name in names:
+            sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
+            run = sequential(engine, prompts, SPECS[name], args.max_tokens)
+            reference = reference or run["tokens"]
+            key = f"{name}{'' if invariant else ' (cuBLAS)'}"
+            rows[key] = {"tok_s": round(run["tok_s"], 1), "tau": round(run["tau"], 3),
+                         "same_as_ar": run["tokens"] == reference}
+            print(f"{key:>18}: {run['tok_s']:8.1f} tok/s  tau {run['tau']:.2f}", flush=True)
+    rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
+    print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s", flush=True)
+    return rows
+
+
+def hf_static(args: argparse.Namespace, prompts: list[list[int]]) -> float:
+    """transformers' own generate with a static cache (what a user would pick instead)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).cuda().eval()
+    kwargs = dict(do_sample=False, cache_implementation="static", pad_token_id=2,
+                  eos_token_id=None)
+    ids = torch.tensor([prompts[0]], device="cuda")
+    model.generate(ids, max_new_tokens=32, **kwargs)  # warm-up (compiles)
+    tokens, seconds = 0, 0.0
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device="cuda")
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
+                             **kwargs)
+        torch.cuda.synchronize()
+        seconds += time.perf_counter() - start
+        tokens += out.shape[1] - ids.shape[1]
+    del model
+    return tokens / seconds
+
+
+def stage_load(args: argparse.Namespace) -> dict[str, Any]:
+    target, drafter, tokenizer = load(args, torch.bfloat16)
+    prompts = humaneval_prompts(args.humaneval, tokenizer, 64)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=64, max_model_len=1024))
+    rows: dict[str, Any] = {}
+    for name in ("ar", "tree@16", "tree@64", "auto"):
+        for concurrency in (1, 8, 32, 64):
+            run_batch(engine, prompts[:concurrency], SPECS[name], 16)  # warm-up
+            run = run_batch(engine, prompts[:concurrency], SPECS[name], args.load_tokens)
+            rate = run["num_tokens"] / run["wall_s"]
+            rows[f"{name}/c{concurrency}"] = {"tok_s": round(rate, 1), "tau": round(run["tau"], 3)}
+            print(f"{name:>8} c{concurrency:<3}: {rate:9.1f} tok/s total  tau {run['tau']:.2f}",
+                  flush=True)
+    return rows
+
+
+def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
+    """Random Qwen3-8B-shaped pair: step times against the weight-read floor."""
+    config = TargetConfig.from_hf({
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936,
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 40960,
+        "eos_token_id": 151645, "tie_word_embeddings": False})
+    draft_config = DrafterConfig(
+        hidden_size=4096, num_hidden_layers=5, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, intermediate_size=12288, vocab_size=151936, block_size=16,
+        num_target_layers=36, target_layer_ids=(1, 9, 17, 25, 33), mask_token_id=151669)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        torch.set_default_dtype(torch.bfloat16)
+        target = TargetModel(config)
+        drafter = DFlashDrafter(draft_config)
+        torch.set_default_dtype(torch.float32)
+    for module in (target, drafter):
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+    from ddtree.models.ops import Backend
+    target.backend = Backend.for_device(torch.device("cuda"))
+    target = target.eval().requires_grad_(False).fuse_weights()
+    drafter = drafter.eval().requires_grad_(False)
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    bandwidth = copy_bandwidth()
+    rows: dict[str, Any] = {"weight_gb": round(weight_bytes / 1e9, 2),
+                            "copy_tb_s": round(bandwidth / 1e12, 2),
+                            "floor_ms": round(weight_bytes / bandwidth * 1e3, 3)}
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
+                                                        max_budget=64))
+    prompt = torch.randint(0, 151000, (512,), generator=torch.Generator().manual_seed(1)).tolist()
+    for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
+                       ("linear", SpecParams("linear"))):
+        run_batch(engine, [prompt], spec, 8)  # warm-up + capture
+        run = run_batch(engine, [prompt], spec, 64)
+        rounds = max(run["rounds"], 1)
+        rows[name] = {"round_ms": round(run["decode_s"] / max(rounds - 1, 1) * 1e3, 3),
+                      **{f"{k}_ms": round(v / rounds * 1e3, 3) for k, v in run["stages"].items()}}
+        print(f"8B {name}: {rows[name]}", flush=True)
+    print(json.dumps(rows), flush=True)
+    return rows
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second of a large device-to-device copy."""
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 2 * 10 / (time.perf_counter() - start)
+
+
+def load(args: argparse.Namespace, dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    from transformers import AutoTokenizer
+
+    target, drafter = load_pair(args.target, args.drafter, torch.device("cuda"), dtype)
+    return target, drafter, AutoTokenizer.from_pretrained(args.target)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--stages", default="exact,speed")
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--drafter", type=Path, default=Path("models/smollm2-135m-dflash"))
+    parser.add_argument("--humaneval", type=Path, required=True)
+    parser.add_argument("--num-prompts", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--load-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
+              "shapes8b": stage_shapes8b,
+              "fp32": lambda a: stage_exact(a, torch.float32, ("ar", "linear", "tree@64"))}
+    failed = 0
+    for name in args.stages.split(","):
+        started = time.perf_counter()
+        try:
+            result = stages[name](args)
+        except Exception as exc:  # one stage failing must not lose the others' results
+            import traceback
+
+            traceback.print_exc()
+            result, failed = {"error": repr(exc)}, failed + 1
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        (OUT / f"engine_{name}.json").write_text(json.dumps(result, indent=1))
+        print(f"== stage {name}: {result['seconds']} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
