@@ -26,7 +26,8 @@ class EngineConfig:
     kv_memory_bytes: the pool's budget (0 = auto); max_budget: largest tree a request may
     ask for; cuda_graphs / invariant: capture rounds / batch-invariant GEMMs (GPU only);
     max_prefill_tokens: prompt tokens prefilled per step before the round runs;
-    session_idle_timeout_s: a client session unused this long is closed."""
+    session_idle_timeout_s: a client session unused this long is closed;
+    pipeline: launch each round before reading the previous one (see Engine.step)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -37,6 +38,7 @@ class EngineConfig:
     invariant: bool = True
     max_prefill_tokens: int = 8192
     session_idle_timeout_s: float = 60.0
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:
@@ -75,7 +77,9 @@ def plan_pool(config: EngineConfig, target: TargetConfig, device: torch.device,
     context pool (0 without a local drafter). draft_depth: L (0 without a drafter)."""
     max_model_len = config.max_model_len or target.max_position_embeddings
     max_nodes = max(config.max_budget, draft_depth)
-    max_len = max_model_len + max_nodes + 1
+    # A row may commit up to L tokens past its last emitted one, and a pipelined round may
+    # still verify one more tree after it finished.
+    max_len = max_model_len + draft_depth + 2 * (max_nodes + 1)
     per_token = KVPool.bytes_per_token(target.num_layers, target.num_kv_heads,
                                        target.head_dim, dtype) + per_token_extra
     budget = config.kv_memory_bytes or _auto_budget(device)

@@ -44,6 +44,22 @@ Output = tuple[str, RoundResult]
 
 
 @dataclass
+class InFlight:
+    """A launched round: its rows, shape, the host copy of its output table (valid once
+    `done` completed; None on the CPU) and what its harvest needs."""
+
+    rows: list[Row]
+    key: BucketKey
+    width: int
+    host: Tensor
+    done: torch.cuda.Event | None
+    timer: RoundTimer
+    logits: Tensor
+    started: float
+    captured: bool  # a graph was captured: the round's time measures the capture
+
+
+@dataclass
 class EngineCounters:
     """Since start-up; `batch_sizes[i]` = rounds that carried i rows."""
 
@@ -78,6 +94,7 @@ class Engine:
         self._buffers: dict[tuple[int, int], RoundBuffers] = {}
         self._eos = tuple(target.config.eos_token_ids)
         self.policy = BudgetPolicy(depth, config.max_budget) if drafting is not None else None
+        self._in_flight: InFlight | None = None
 
     # ------------------------------------------------------------ requests
 
@@ -131,19 +148,43 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._in_flight)
 
     # ------------------------------------------------------------ the step
 
     @torch.inference_mode()
     def step(self) -> list[Output]:
         """Admits what fits, then one round for every running row; returns each
-        generation's RoundResult of this step (prefill results first)."""
+        generation's RoundResults of this step (prefill results first).
+
+        Pipelined (the default with the local drafter): the round launched by this step is
+        read by the NEXT step, after that step has launched its own round, so the host's
+        work overlaps the device's. A row finished by round k is still carried by round
+        k+1 (its output is dropped): the pool has room for that extra tree."""
         outputs = self._admit()
         rows = list(self.running.values())
-        if rows:
-            outputs.extend(self._round(rows))
+        previous, self._in_flight = self._in_flight, None
+        pipelined = self._can_pipeline(rows)
+        if previous is not None and not pipelined:
+            outputs.extend(self._complete(previous))  # host state current before launching
+            previous, rows = None, list(self.running.values())
+        flight = self._launch(rows) if rows else None
+        if previous is not None:
+            outputs.extend(self._complete(previous))
+        if flight is not None and pipelined:
+            self._in_flight = flight
+        elif flight is not None:
+            outputs.extend(self._complete(flight))
         return outputs
+
+    def _can_pipeline(self, rows: list[Row]) -> bool:
+        """Everything the next round needs is on the device: a local drafter (or none) and
+        no row that reads this round's logits (logprobs)."""
+        if not self.config.pipeline:
+            return False
+        if self.drafting is not None and not isinstance(self.drafting, LocalDrafter):
+            return False
+        return not any(row.wants_logprobs for row in rows)
 
     def _admit(self) -> list[Output]:
         outputs: list[Output] = []
@@ -181,7 +222,8 @@ class Engine:
         row.stats.stage_seconds["prefill"] += time.perf_counter() - started
         return result
 
-    def _round(self, rows: list[Row]) -> list[Output]:
+    def _launch(self, rows: list[Row]) -> InFlight:
+        """Enqueues one round for `rows` and the copy of its output table to the host."""
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         auto = [row for row in rows if row.auto]
         if auto and self.policy is not None:
@@ -200,17 +242,30 @@ class Engine:
         verified = self._replay(("verify", key), buffers, lambda: verify_into(
             self.state, self.target, self.pool, buffers, key, layers))
         timer.mark()
-        out = buffers.out.to("cpu")  # the round's one device-to-host copy (a sync)
+        host = buffers.next_host_out()
+        host.copy_(buffers.out, non_blocking=True)  # the round's one device-to-host copy
+        done = torch.cuda.Event() if self.device.type == "cuda" else None
+        if done is not None:
+            done.record()
         self.counters.num_rounds += 1
         self.counters.num_target_forwards += 1
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
-        stages = dict(zip(("draft", "verify"), timer.seconds(), strict=True))
-        outputs = self._harvest(rows, out.tolist(), verified.logits, buffers.width, stages)
-        if auto and self.policy is not None and self.graphs.num_graphs == num_graphs:
+        return InFlight(rows, key, buffers.width, host, done, timer, verified.logits, started,
+                        self.graphs.num_graphs != num_graphs)
+
+    def _complete(self, flight: InFlight) -> list[Output]:
+        """Waits for a launched round and turns its output table into results."""
+        if flight.done is not None:
+            flight.done.synchronize()
+        stages = dict(zip(("draft", "verify"), flight.timer.seconds(), strict=True))
+        auto = [row for row in flight.rows if row.auto]
+        outputs = self._harvest(flight.rows, flight.host.tolist(), flight.logits, flight.width,
+                                stages)
+        if auto and self.policy is not None and not flight.captured:
             lengths = [row.num_pending for row in auto if row.auto]
-            self.policy.observe(key.batch, key.num_nodes, time.perf_counter() - started,
-                                lengths)
+            self.policy.observe(flight.key.batch, flight.key.num_nodes,
+                                time.perf_counter() - flight.started, lengths)
         return outputs
 
     def _follow_policy(self, rows: list[Row], batch: int) -> None:
@@ -275,6 +330,8 @@ class Engine:
                  stages: dict[str, float]) -> list[Output]:
         outputs: list[Output] = []
         for index, row in enumerate(rows):
+            if row.finished or self.running.get(row.request_id) is not row:
+                continue  # ended (finished, aborted) while this round was in flight
             accepted, next_token = out[index][0], out[index][1]
             tokens = out[index][2: 2 + accepted]
             path = out[index][2 + width: 2 + width + accepted]

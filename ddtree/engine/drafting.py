@@ -49,8 +49,9 @@ class LocalDrafter:
         self.target_layer_ids = tuple(drafter.config.target_layer_ids)
         device = embeddings.embed_tokens.weight.device
         self.backend = backend or Backend.for_device(device)
-        # The context plus a block appended past it, plus a block drafted past that.
-        self.pool = drafter.new_pool(num_slots + 1, max_model_len + 2 * self.block_size)
+        # The context (up to L past the last emitted token, plus one pipelined round) plus
+        # a block appended past it and a block drafted past that.
+        self.pool = drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
 
     @property
     def depth(self) -> int:

@@ -65,6 +65,17 @@ class RoundBuffers:
         self.valid = torch.zeros(shape, dtype=torch.bool, device=device)
         self.out = torch.zeros(batch, 2 + 2 * width, dtype=torch.long, device=device)
         self.last_slots: list[int] = []  # what `rows` holds (the host skips an equal copy)
+        # Two host copies of `out`, used in turn: one may still be read by the host while
+        # the next round's copy lands in the other (pinned, so the copy is asynchronous).
+        pinned = device.type == "cuda"
+        self._host_out = [torch.zeros(self.out.shape, dtype=torch.long, pin_memory=pinned)
+                          for _ in range(2)]
+        self._next_host = 0
+
+    def next_host_out(self) -> Tensor:
+        host = self._host_out[self._next_host]
+        self._next_host ^= 1
+        return host
 
     def tree(self) -> DraftTree:
         return DraftTree(self.tokens, self.parents, self.depth, valid=self.valid)
