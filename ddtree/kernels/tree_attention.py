@@ -219,12 +219,26 @@ def tree_attention(
     prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
     depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
     """
+    return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
+                                tree_keys, num_tree_keys, scale, max_kv_len, BLOCK_N,
+                                SPLIT_SIZE)
+
+
+def tree_attention_tiled(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
+    tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
+    max_kv_len: int, block_n: int, split_size: int,
+) -> Tensor:
+    """`tree_attention` with explicit block and split sizes (the tests use small ones to
+    cross their boundaries at short lengths). Outputs agree bitwise only between launches
+    with the same two sizes."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
+    assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
     num_queries, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    num_splits = triton.cdiv(max_kv_len, SPLIT_SIZE)
+    num_splits = triton.cdiv(max_kv_len, split_size)
     out = torch.empty_like(q)
     if num_queries == 0:
         return out
@@ -243,14 +257,14 @@ def tree_attention(
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         out.stride(0), out.stride(1), num_splits,
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=BLOCK_N, SPLIT=SPLIT_SIZE,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), num_warps=4, num_stages=2,
     )
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,
             out.stride(0), out.stride(1), num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=SPLIT_SIZE, num_warps=1,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=split_size, num_warps=1,
         )
     return out
 
