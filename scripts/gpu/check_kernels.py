@@ -58,20 +58,23 @@ FP32_LINEARS = ("smollm2.qkv", "smollm2.down", "smollm2.lm_head", "tiny.qkv")
 FULL_ROWS, QUICK_ROWS = (1, 2, 7, 16, 17, 64, 65, 128, 520), (1, 2, 7, 17)
 FULL_TREES = [(chain(16), 500), (star(16), 63), (random_tree(64, 7), 1000), ([-1], 511),
               ([-1], 512), (chain(8), 2040)]
-QUICK_TREES = [(chain(3), 509), (star(3), 5), ([-1], 512)]
+QUICK_TREES = [(chain(2), 510), (star(3), 5), ([-1], 512)]
+TUNING_DEADLINE_S = 60  # the sweeps start only before this, to keep the run near 90 s
 
 
 class Report:
     def __init__(self) -> None:
         self.checks: list[dict] = []
         self.timings: list[dict] = []
+        self.tuning: list[dict] = []
+        self.errors: list[str] = []
         self.configs: dict[str, str] = {}
 
     def check(self, name: str, ok: bool, detail: str = "") -> None:
         self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
         print(f"{'PASS' if ok else 'FAIL'} {name} {detail}", flush=True)
 
-    def section(self, name: str, fn: Callable[[], object]) -> None:
+    def section(self, name: str, fn: Callable[[], object], counts: bool = True) -> None:
         start = time.perf_counter()
         try:
             fn()
@@ -181,7 +184,7 @@ def _num_compiled(kernel: object) -> int | None:
 
 
 def check_tree_attention(report: Report, device: torch.device, quick: bool) -> None:
-    heads = {"tiny": (4, 2, 64)} if quick else bench_tree_attention.HEADS
+    heads = {"tiny": (2, 1, 64)} if quick else bench_tree_attention.HEADS
     trees = QUICK_TREES if quick else FULL_TREES
     for name, (num_heads, num_kv_heads, head_dim) in heads.items():
         for dtype in (torch.bfloat16, torch.float32):
@@ -247,9 +250,12 @@ def _check_graph_replay(report: Report, name: str, case: TwinCase,
     check_equal(report, f"{name} graph replayed on ar metadata", out, tree_out)
 
 
-def _check_large_pool(report: Report, device: torch.device) -> None:
-    """A layer view of more than 2^31 elements: the far row must be addressed in int64."""
-    rows, max_len, num_kv_heads, head_dim = 130, 16640, 8, 128
+def _check_large_pool(report: Report, device: torch.device, rows: int = 130,
+                      max_len: int = 16640) -> None:
+    """A layer view of more than 2^31 elements (130 x 16640 x 8 x 128): the far row must be
+    addressed in int64. Three queries with equal logical keys: ar in the far row, ar in row
+    0, tree keys in the far row."""
+    num_kv_heads, head_dim = 8, 128
     k_cache = torch.empty(1, rows, max_len, num_kv_heads, head_dim, device=device,
                           dtype=torch.bfloat16)[0]
     v_cache = torch.empty_like(k_cache)
@@ -289,20 +295,21 @@ def check_rms_norm(report: Report, device: torch.device, quick: bool) -> None:
 
 def check_rope(report: Report, device: torch.device, quick: bool) -> None:
     heads = {"tiny": (4, 2, 64, True)} if quick else bench_rope.HEADS
+    rows = 9 if quick else 65
     for name, (num_heads, num_kv_heads, head_dim, with_norm) in heads.items():
         for dtype in (torch.bfloat16, torch.float32):
             label = f"rope_store {name} {str(dtype)[6:]}"
-            args = bench_rope.rope_inputs(device, 65, num_heads, num_kv_heads, head_dim,
+            args = bench_rope.rope_inputs(device, rows, num_heads, num_kv_heads, head_dim,
                                           with_norm, dtype)
             if with_norm:
                 args["q_norm_weight"] = (1 + torch.randn(head_dim, device=device) / 5).to(dtype)
                 args["k_norm_weight"] = (1 + torch.randn(head_dim, device=device) / 5).to(dtype)
-            args["positions"] = torch.randint(0, 30000, (65,), device=device)
+            args["positions"] = torch.randint(0, 30000, (rows,), device=device)
             pool = torch.full((2, *args["k_cache"].shape), float("nan"), device=device,
                               dtype=dtype)
             theirs = {**args, "k_cache": pool[0].clone(), "v_cache": pool[1].clone()}
             mine = {**args, "k_cache": pool[0], "v_cache": pool[1]}
-            poison((65, num_heads, head_dim), dtype, device)
+            poison((rows, num_heads, head_dim), dtype, device)
             q = rope_store(**mine)
             expected = rope_store_reference(**theirs)
             check_close(report, f"{label} q", q, expected, tolerance_of(dtype, device))
@@ -314,9 +321,9 @@ def check_rope(report: Report, device: torch.device, quick: bool) -> None:
                         theirs["k_cache"][written], tolerance_of(dtype, device))
             check_equal(report, f"{label} v copied", mine["v_cache"].nan_to_num(),
                         theirs["v_cache"].nan_to_num())
-            one = {**mine, **{key: args[key][7:8] for key in
+            one = {**mine, **{key: args[key][rows - 2:rows - 1] for key in
                               ("qkv", "positions", "write_slot", "write_pos")}}
-            check_equal(report, f"{label} row alone", rope_store(**one), q[7:8])
+            check_equal(report, f"{label} row alone", rope_store(**one), q[rows - 2:rows - 1])
 
 
 def check_silu_mul(report: Report, device: torch.device, quick: bool) -> None:
@@ -356,15 +363,36 @@ def run_benchmarks(report: Report, device: torch.device, quick: bool) -> None:
             "rope_store": lambda: bench_rope.bench_rope_store(device),
             "silu_mul": lambda: bench_swiglu.bench_silu_mul(device)}
     for name, bench in benches.items():
-        report.section(f"timing {name}", lambda bench=bench: report.timings.extend(bench()))
+        report.section(f"timing {name}", lambda bench=bench: report.timings.extend(bench()),
+                       counts=False)
 
 
-def print_table(report: Report) -> None:
-    print(f"\n{'kernel':<15}{'case':<22}{'T':>5} {'ours':>9}{'torch':>9}{'x':>6}"
+def run_tuning(report: Report, device: torch.device, quick: bool, started: float) -> None:
+    """Split-K counts and attention tiles other than the planned ones, while time is left."""
+    if quick:
+        sweeps = {"split-K": lambda: bench_matmul.bench_split_k(device, TINY_LINEARS, (1,),
+                                                                (1, 2)),
+                  "attention tiles": lambda: bench_tree_attention.bench_tiles(
+                      device, ((64, 512), (32, 64)), ((1, 64, 1),), ("tiny", (4, 2, 64)))}
+    else:
+        qwen = {name: bench_matmul.QWEN3_LINEARS[name] for name in ("qwen3.qkv", "qwen3.o",
+                                                                     "qwen3.down")}
+        sweeps = {"split-K": lambda: bench_matmul.bench_split_k(device, qwen),
+                  "attention tiles": lambda: bench_tree_attention.bench_tiles(device)}
+    for name, sweep in sweeps.items():
+        if time.perf_counter() - started > TUNING_DEADLINE_S:
+            print(f"-- tuning {name}: skipped, past {TUNING_DEADLINE_S} s", flush=True)
+            continue
+        report.section(f"tuning {name}", lambda sweep=sweep: report.tuning.extend(sweep()),
+                       counts=False)
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    print(f"\n{title}\n{'kernel':<17}{'case':<22}{'T':>5} {'ours':>9}{'torch':>9}{'x':>6}"
           f"{'floor':>8}  (us, graph replay; do_bench ours/torch)")
-    for row in report.timings:
+    for row in rows:
         speedup = row["torch_graph_us"] / max(row["ours_graph_us"], 1e-9)
-        print(f"{row['kernel']:<15}{row['case']:<22}{row['T']:>5} {row['ours_graph_us']:>9.1f}"
+        print(f"{row['kernel']:<17}{row['case']:<22}{row['T']:>5} {row['ours_graph_us']:>9.1f}"
               f"{row['torch_graph_us']:>9.1f}{speedup:>6.2f}{row['floor_us']:>8.1f}  "
               f"{row['ours_bench_us']:.1f}/{row['torch_bench_us']:.1f}")
 
@@ -386,18 +414,23 @@ def main() -> int:
         report.section(name, lambda check=check: check(report, device, args.quick))
     if not args.no_bench:
         run_benchmarks(report, device, args.quick)
-    print_table(report)
+        run_tuning(report, device, args.quick, start)
+    print_table(report.tuning, "tuning (torch = the same torch call again)")
+    print_table(report.timings, "timings")
     wall = time.perf_counter() - start
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
     summary = {"device": device_name, "torch": torch.__version__, "triton": triton.__version__,
                "quick": args.quick, "wall_s": wall, "linear_configs": report.configs,
-               "checks": report.checks, "timings": report.timings}
+               "checks": report.checks, "timings": report.timings, "tuning": report.tuning,
+               "timing_errors": report.errors}
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "kernels.json").write_text(json.dumps(summary, indent=1))
     failures = report.failures
     print(f"\n{device_name}, torch {torch.__version__}, triton {triton.__version__}: "
           f"{len(report.checks) - len(failures)}/{len(report.checks)} checks passed in "
           f"{wall:.0f} s")
+    for error in report.errors:
+        print(f"TIMING ERROR (not a check) {error[-400:]}")
     for failure in failures:
         print(f"FAILED {failure['name']}: {failure['detail'][-600:]}")
     return 1 if failures else 0

@@ -4,10 +4,13 @@ scripts/gpu/check_kernels.py, or alone: `python -m tests.kernels.bench_matmul`."
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import torch
 import torch.nn.functional as F
 
-from ddtree.kernels.matmul import invariant_linear
+from ddtree.kernels.matmul import LinearConfig, linear_config, linear_with_config
 from tests.kernels.timing import compare, floor_us, num_copies, rotating
 
 # name: (N, K); the LM heads return float32 logits.
@@ -38,12 +41,32 @@ def bench_linear(device: torch.device, shapes: dict[str, tuple[int, int]],
     return rows
 
 
-def _one(weights: list[torch.Tensor], num_rows: int,
-         out_dtype: torch.dtype | None) -> dict[str, float]:
+def bench_split_k(device: torch.device, shapes: dict[str, tuple[int, int]],
+                  row_counts: tuple[int, ...] = (1, 64, 2048),
+                  split_ks: tuple[int, ...] = (1, 2, 4, 8)) -> list[dict]:
+    """Tuning data: the same tiles with other split-K counts (each count is its own
+    invariant kernel; the rows pick linear_config's tiles, `torch_*` is cuBLAS again)."""
+    rows = []
+    for name, (out_features, in_features) in shapes.items():
+        weight_bytes = out_features * in_features * 2
+        weights = [torch.randn(out_features, in_features, device=device).bfloat16() / 32
+                   for _ in range(num_copies(weight_bytes, device))]
+        planned = linear_config(out_features, in_features, torch.bfloat16)
+        for split_k, num_rows in itertools.product(split_ks, row_counts):
+            config = dataclasses.replace(planned, split_k=split_k)
+            rows.append({"kernel": f"linear S={split_k}", "case": name, "T": num_rows,
+                         **_one(weights, num_rows, out_dtype_of(name), config)})
+    return rows
+
+
+def _one(weights: list[torch.Tensor], num_rows: int, out_dtype: torch.dtype | None,
+         config: LinearConfig | None = None) -> dict[str, float]:
     out_features, in_features = weights[0].shape
     dtype, device = weights[0].dtype, weights[0].device
     x = torch.randn(num_rows, in_features, device=device).to(dtype)
-    ours = rotating([lambda w=w: invariant_linear(x, w, out_dtype=out_dtype) for w in weights])
+    config = config or linear_config(out_features, in_features, dtype)
+    ours = rotating([lambda w=w: linear_with_config(x, w, None, out_dtype, config)
+                     for w in weights])
     cublas = rotating([lambda w=w: F.linear(x, w).to(out_dtype or dtype) for w in weights])
     out_bytes = num_rows * out_features * (out_dtype or dtype).itemsize
     moved = weights[0].numel() * dtype.itemsize + x.numel() * dtype.itemsize + out_bytes

@@ -1,8 +1,8 @@
 """Benchmark: tree_attention against torch SDPA with a boolean ancestor mask at equal
 tokens: B requests of a T-node random tree over a committed context, with the heads of the
-demo target and of Qwen3-8B. SDPA gets its K/V already contiguous per request (no pool
-gather: a favour to it). Run through scripts/gpu/check_kernels.py or
-`python -m tests.kernels.bench_tree_attention`."""
+demo target and of Qwen3-8B. SDPA gets its K/V contiguous per request and already expanded
+to the query heads (no pool gather, no repeat: a favour to it). Run through
+scripts/gpu/check_kernels.py or `python -m tests.kernels.bench_tree_attention`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ddtree.kernels.tree_attention import tree_attention
+from ddtree.kernels.tree_attention import BLOCK_N, SPLIT_SIZE, tree_attention_tiled
 from tests.kernels.timing import compare, floor_us, num_copies, rotating
 from tests.kernels.tree_cases import ancestor_paths, random_tree
 
@@ -54,25 +54,44 @@ def bench_tree_attention(
     return rows
 
 
+def bench_tiles(device: torch.device,
+                tiles: tuple[tuple[int, int], ...] = ((64, 512), (64, 256), (64, 1024), (32, 512)),
+                shapes: tuple[tuple[int, int, int], ...] = ((1, 512, 1), (1, 4096, 1),
+                                                            (8, 4096, 65)),
+                heads: tuple[str, tuple[int, int, int]] = ("qwen3", HEADS["qwen3"]),
+                dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """Tuning data: other (BLOCK_N, SPLIT_SIZE) pairs at (B, S, T) shapes (each pair is
+    its own invariant kernel)."""
+    rows = []
+    for (block_n, split_size), (batch, context, nodes) in itertools.product(tiles, shapes):
+        rows.append({"kernel": f"attn {block_n}/{split_size}",
+                     "case": f"{heads[0]} B={batch} S={context}", "T": nodes,
+                     **_one(device, *heads[1], batch, context, nodes, dtype,
+                            (block_n, split_size))})
+    return rows
+
+
 def _one(device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, batch: int,
-         context: int, nodes: int, dtype: torch.dtype) -> dict[str, float]:
+         context: int, nodes: int, dtype: torch.dtype,
+         tiles: tuple[int, int] = (BLOCK_N, SPLIT_SIZE)) -> dict[str, float]:
     meta = tree_batch(batch, nodes, context, device)
     length = context + nodes
     kv_bytes = 2 * batch * length * num_kv_heads * head_dim * dtype.itemsize
     copies = num_copies(kv_bytes, device)
     pools = [torch.randn(2, batch, length, num_kv_heads, head_dim, device=device).to(dtype)
              for _ in range(copies)]  # (K/V, B, S, Hkv, D)
-    dense = [pool.transpose(2, 3).contiguous() for pool in pools]  # (K/V, B, Hkv, S, D)
+    group = num_heads // num_kv_heads  # SDPA's fast kernels want the heads expanded
+    dense = [pool.transpose(2, 3).repeat_interleave(group, dim=2)
+             for pool in pools[:num_copies(kv_bytes * group, device)]]  # (K/V, B, Hq, S, D)
     q = torch.randn(batch * nodes, num_heads, head_dim, device=device).to(dtype)
     q_dense = q.view(batch, nodes, num_heads, head_dim).transpose(1, 2).contiguous()
     scale = 1 / math.sqrt(head_dim)
     index = [meta[key] for key in ("query_slot", "prefix_len", "tree_base", "tree_keys",
                                    "num_tree_keys")]
-    ours = rotating([lambda p=p: tree_attention(q, p[0], p[1], *index, scale, length)
-                     for p in pools])
+    ours = rotating([lambda p=p: tree_attention_tiled(q, p[0], p[1], *index, scale, length,
+                                                      *tiles) for p in pools])
     sdpa = rotating([lambda d=d: F.scaled_dot_product_attention(
-        q_dense, d[0], d[1], attn_mask=meta["mask"], scale=scale, enable_gqa=True)
-        for d in dense])
+        q_dense, d[0], d[1], attn_mask=meta["mask"], scale=scale) for d in dense])
     return {"floor_us": floor_us(kv_bytes + 2 * q.numel() * dtype.itemsize),
             **compare(ours, sdpa, device)}
 
