@@ -96,8 +96,35 @@ def tree_attention_reference(
 
 SPLIT_SIZE = 512  # logical positions per split (a multiple of BLOCK_N)
 BLOCK_N = 64  # logical positions per key block
+PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_block(q, k_base, v_base, slot, valid, m_i, l_i, acc, scale_log2, stride_kp,
+                  stride_vp, HEAD_DIM: tl.constexpr, DOT_IEEE: tl.constexpr):
+    """One block of keys into the online softmax: the same code, so the same arithmetic,
+    in both loops of the split kernel. slot: (BLOCK,) int64 pool slots; valid: (BLOCK,)."""
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(k_base + slot[None, :] * stride_kp + dims[:, None],
+                mask=valid[None, :], other=0.0)  # (D, BLOCK)
+    if DOT_IEEE:
+        scores = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+    else:
+        scores = tl.dot(q, k)
+    scores = tl.where(valid[None, :], scores * scale_log2, float("-inf"))  # (G_pad, BLOCK)
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + slot[:, None] * stride_vp + dims[None, :],
+                mask=valid[:, None], other=0.0)  # (BLOCK, D)
+    if DOT_IEEE:  # p rounded to v's dtype first, as on the tensor-core path
+        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
 
 
 @triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits"])
@@ -109,7 +136,7 @@ def _tree_attention_split_kernel(
     stride_ot, stride_oh, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_IEEE: tl.constexpr,
+    DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -134,33 +161,24 @@ def _tree_attention_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for block_start in range(start, end, BLOCK):
-        pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
-        valid = pos < end
+    tail_start = start
+    if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
+        # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
+        tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
+        for block_start in range(start, tail_start, BLOCK):
+            pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
+            m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
+                                          m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
+                                          HEAD_DIM, DOT_IEEE)
+    for block_start in range(tail_start, end, BLOCK):
+        pos = block_start + tl.arange(0, BLOCK)
         tree_col = pos - prefix
         is_tree = tree_col >= 0
         tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
-                           mask=valid & is_tree & (tree_col < num_tree_cols), other=0)
+                           mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
         slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
-        k = tl.load(k_base + slot[None, :] * stride_kp + dims[:, None],
-                    mask=valid[None, :], other=0.0)  # (D, BLOCK)
-        if DOT_IEEE:
-            scores = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            scores = tl.dot(q, k)
-        scores = tl.where(valid[None, :], scores * scale_log2, float("-inf"))  # (G_pad, BLOCK)
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slot[:, None] * stride_vp + dims[None, :],
-                    mask=valid[:, None], other=0.0)  # (BLOCK, D)
-        if DOT_IEEE:  # p rounded to v's dtype first, as on the tensor-core path
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
+                                      scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
 
     head_mask = rows < GROUP
     if total <= SPLIT:
@@ -221,17 +239,17 @@ def tree_attention(
     """
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
                                 tree_keys, num_tree_keys, scale, max_kv_len, BLOCK_N,
-                                SPLIT_SIZE)
+                                SPLIT_SIZE, PREFIX_LOOP)
 
 
 def tree_attention_tiled(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
-    max_kv_len: int, block_n: int, split_size: int,
+    max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
 ) -> Tensor:
-    """`tree_attention` with explicit block and split sizes (the tests use small ones to
-    cross their boundaries at short lengths). Outputs agree bitwise only between launches
-    with the same two sizes."""
+    """`tree_attention` with explicit block and split sizes and loop structure (the tests
+    use small sizes to cross their boundaries at short lengths). Outputs agree bitwise only
+    between launches with the same three settings."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -258,7 +276,7 @@ def tree_attention_tiled(
         out.stride(0), out.stride(1), num_splits,
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
-        DOT_IEEE=dot_in_float32(q), num_warps=4, num_stages=2,
+        DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, num_warps=4, num_stages=3,
     )
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
