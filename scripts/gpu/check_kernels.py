@@ -35,7 +35,14 @@ from ddtree.kernels import matmul  # noqa: E402
 from ddtree.kernels.rmsnorm import rms_norm, rms_norm_reference  # noqa: E402
 from ddtree.kernels.rope import rope_store, rope_store_reference  # noqa: E402
 from ddtree.kernels.swiglu import silu_mul, silu_mul_reference  # noqa: E402
-from ddtree.kernels.tree_attention import tree_attention, tree_attention_reference  # noqa: E402
+from ddtree.kernels.tree_attention import (  # noqa: E402
+    BLOCK_N,
+    PREFIX_LOOP,
+    SPLIT_SIZE,
+    tree_attention,
+    tree_attention_reference,
+    tree_attention_tiled,
+)
 from tests.kernels import (  # noqa: E402
     bench_matmul,
     bench_rmsnorm,
@@ -190,37 +197,45 @@ def check_tree_attention(report: Report, device: torch.device, quick: bool) -> N
         for dtype in (torch.bfloat16, torch.float32):
             case = twin_case(trees, num_heads, num_kv_heads, head_dim, dtype, seed=3,
                              index_dtype=torch.int32, device=device)
-            _check_twins(report, f"tree_attention {name} {str(dtype)[6:]}", case, device)
+            label = f"tree_attention {name} {str(dtype)[6:]}"
+            _check_twins(report, label, case, device)
+            if dtype == torch.bfloat16 and name != "qwen3":  # the PREFIX_LOOP = False fallback
+                _check_twins(report, f"{label} one loop", case, device, prefix_loop=False)
     if device.type == "cuda" and not quick:
         _check_large_pool(report, device)
 
 
-def _attend(case: TwinCase, queries: Queries, max_kv_len: int | None = None) -> torch.Tensor:
+def _attend(case: TwinCase, queries: Queries, max_kv_len: int | None = None,
+            prefix_loop: bool = PREFIX_LOOP) -> torch.Tensor:
     length = max_kv_len or int(queries.lengths().max())
     poison(tuple(queries.q.shape), queries.q.dtype, queries.q.device)
-    return tree_attention(queries.q, case.k_cache, case.v_cache, *queries.fields()[1:],
-                          1 / math.sqrt(queries.q.shape[-1]), length)
+    return tree_attention_tiled(queries.q, case.k_cache, case.v_cache, *queries.fields()[1:],
+                                1 / math.sqrt(queries.q.shape[-1]), length, BLOCK_N,
+                                SPLIT_SIZE, prefix_loop)
 
 
-def _check_twins(report: Report, name: str, case: TwinCase, device: torch.device) -> None:
-    tree_out = _attend(case, case.tree)
-    ar_out = _attend(case, case.ar, int(case.ar.lengths().max()) + 300)
+def _check_twins(report: Report, name: str, case: TwinCase, device: torch.device,
+                 prefix_loop: bool = PREFIX_LOOP) -> None:
+    tree_out = _attend(case, case.tree, None, prefix_loop)
+    ar_out = _attend(case, case.ar, int(case.ar.lengths().max()) + 300, prefix_loop)
     check_equal(report, f"{name} tree == ar twin", tree_out, ar_out)
     mixed = concat([case.ar, case.tree])
     order = torch.randperm(mixed.q.shape[0], device=device)
-    shuffled = _attend(case, mixed.select(order), int(mixed.lengths().max()) + 1000)
+    shuffled = _attend(case, mixed.select(order), int(mixed.lengths().max()) + 1000,
+                       prefix_loop)
     restored = torch.empty_like(shuffled)
     restored[order] = shuffled
     check_equal(report, f"{name} shuffled mixed launch", restored,
                 torch.cat([tree_out, tree_out]))
     last = case.tree.select(torch.tensor([case.tree.q.shape[0] - 1], device=device))
-    check_equal(report, f"{name} one query alone", _attend(case, last)[0], tree_out[-1])
+    check_equal(report, f"{name} one query alone", _attend(case, last, None, prefix_loop)[0],
+                tree_out[-1])
     scale = 1 / math.sqrt(case.tree.q.shape[-1])
     for label, queries, out in (("tree", case.tree, tree_out), ("ar", case.ar, ar_out)):
         expected = tree_attention_reference(queries.q, case.k_cache, case.v_cache,
                                             *queries.fields()[1:], scale, torch.float64)
         check_close(report, f"{name} {label}", out, expected, tolerance_of(out.dtype))
-    if device.type == "cuda":
+    if device.type == "cuda" and prefix_loop == PREFIX_LOOP:
         _check_graph_replay(report, name, case, tree_out)
 
 
@@ -373,7 +388,8 @@ def run_tuning(report: Report, device: torch.device, quick: bool, started: float
         sweeps = {"split-K": lambda: bench_matmul.bench_split_k(device, TINY_LINEARS, (1,),
                                                                 (1, 2)),
                   "attention tiles": lambda: bench_tree_attention.bench_tiles(
-                      device, ((64, 512), (32, 64)), ((1, 64, 1),), ("tiny", (4, 2, 64)))}
+                      device, ((64, 512, True), (32, 64, False)), ((1, 64, 1),),
+                      ("tiny", (4, 2, 64)))}
     else:
         qwen = {name: bench_matmul.QWEN3_LINEARS[name] for name in ("qwen3.qkv", "qwen3.o",
                                                                      "qwen3.down")}
@@ -388,11 +404,11 @@ def run_tuning(report: Report, device: torch.device, quick: bool, started: float
 
 
 def print_table(rows: list[dict], title: str) -> None:
-    print(f"\n{title}\n{'kernel':<17}{'case':<22}{'T':>5} {'ours':>9}{'torch':>9}{'x':>6}"
+    print(f"\n{title}\n{'kernel':<21}{'case':<22}{'T':>5} {'ours':>9}{'torch':>9}{'x':>6}"
           f"{'floor':>8}  (us, graph replay; do_bench ours/torch)")
     for row in rows:
         speedup = row["torch_graph_us"] / max(row["ours_graph_us"], 1e-9)
-        print(f"{row['kernel']:<17}{row['case']:<22}{row['T']:>5} {row['ours_graph_us']:>9.1f}"
+        print(f"{row['kernel']:<21}{row['case']:<22}{row['T']:>5} {row['ours_graph_us']:>9.1f}"
               f"{row['torch_graph_us']:>9.1f}{speedup:>6.2f}{row['floor_us']:>8.1f}  "
               f"{row['ours_bench_us']:.1f}/{row['torch_bench_us']:.1f}")
 

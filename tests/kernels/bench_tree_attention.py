@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ddtree.kernels.tree_attention import BLOCK_N, SPLIT_SIZE, tree_attention_tiled
+from ddtree.kernels.tree_attention import BLOCK_N, PREFIX_LOOP, SPLIT_SIZE, tree_attention_tiled
 from tests.kernels.timing import compare, floor_us, num_copies, rotating
 from tests.kernels.tree_cases import ancestor_paths, random_tree
 
@@ -54,26 +54,28 @@ def bench_tree_attention(
     return rows
 
 
-def bench_tiles(device: torch.device,
-                tiles: tuple[tuple[int, int], ...] = ((64, 512), (64, 256), (64, 1024), (32, 512)),
+TILES = ((64, 512, True), (64, 512, False), (64, 256, True), (64, 1024, True), (32, 512, True))
+
+
+def bench_tiles(device: torch.device, tiles: tuple[tuple[int, int, bool], ...] = TILES,
                 shapes: tuple[tuple[int, int, int], ...] = ((1, 512, 1), (1, 4096, 1),
                                                             (8, 4096, 65)),
                 heads: tuple[str, tuple[int, int, int]] = ("qwen3", HEADS["qwen3"]),
                 dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """Tuning data: other (BLOCK_N, SPLIT_SIZE) pairs at (B, S, T) shapes (each pair is
-    its own invariant kernel)."""
+    """Tuning data: other (BLOCK_N, SPLIT_SIZE, PREFIX_LOOP) settings at (B, S, T) shapes
+    (each setting is its own invariant kernel)."""
     rows = []
-    for (block_n, split_size), (batch, context, nodes) in itertools.product(tiles, shapes):
-        rows.append({"kernel": f"attn {block_n}/{split_size}",
+    for tile, (batch, context, nodes) in itertools.product(tiles, shapes):
+        loops = "2 loops" if tile[2] else "1 loop"
+        rows.append({"kernel": f"attn {tile[0]}/{tile[1]} {loops}",
                      "case": f"{heads[0]} B={batch} S={context}", "T": nodes,
-                     **_one(device, *heads[1], batch, context, nodes, dtype,
-                            (block_n, split_size))})
+                     **_one(device, *heads[1], batch, context, nodes, dtype, tile)})
     return rows
 
 
 def _one(device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int, batch: int,
          context: int, nodes: int, dtype: torch.dtype,
-         tiles: tuple[int, int] = (BLOCK_N, SPLIT_SIZE)) -> dict[str, float]:
+         tiles: tuple[int, int, bool] = (BLOCK_N, SPLIT_SIZE, PREFIX_LOOP)) -> dict[str, float]:
     meta = tree_batch(batch, nodes, context, device)
     length = context + nodes
     kv_bytes = 2 * batch * length * num_kv_heads * head_dim * dtype.itemsize
