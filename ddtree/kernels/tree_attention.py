@@ -87,12 +87,15 @@ def tree_attention_reference(
 
 
 # ---------------------------------------------------------------------------------------
-# Triton kernel. Invariance comes from three constants that depend on nothing but the head
-# dim: keys are reduced in blocks of BLOCK_N logical positions starting at multiples of
-# BLOCK_N, inside splits of SPLIT_SIZE logical positions starting at multiples of
-# SPLIT_SIZE, and splits are merged in split order. A query whose sequence fits one split
-# is normalised in the split kernel; a longer one always goes through the combine kernel.
-# Both choices depend on the query's own length only, never on max_kv_len or T.
+# Triton kernel. Invariance comes from fixed constants: keys are reduced in blocks of
+# BLOCK_N logical positions starting at multiples of BLOCK_N, inside splits of SPLIT_SIZE
+# logical positions starting at multiples of SPLIT_SIZE, and splits are merged in split
+# order. A query whose sequence fits one split is normalised in the split kernel; a longer
+# one always goes through the combine kernel. Both choices depend on the query's own length
+# only, never on max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
+# the rest in a second; both run the same `_attend_block`, so a block gives the same bits in
+# either (an ar query reaches in its first loop a block that its tree twin reaches in its
+# second; the sm_90 PTX of the two loop bodies holds the same float ops in the same order).
 
 SPLIT_SIZE = 512  # logical positions per split (a multiple of BLOCK_N)
 BLOCK_N = 64  # logical positions per key block
