@@ -8,7 +8,8 @@ caching allocator's next block filled with NaN first (NaN never passes); (b) bit
 invariance: linear rows across T and offsets, tree queries equal to their ar twins, launch
 independence, CUDA-graph replay with new metadata, a pool past 2^31 elements; (c) timings
 against the torch alternative (do_bench median and CUDA-graph replay, tests/kernels/bench_*);
-(d) a table and the check summary last, all numbers in $OUT/kernels.json when OUT is set.
+(d) compact tables and the check summary last, every number in $OUT/kernels.json when OUT
+is set.
 Exits 1 when any check fails."""
 
 from __future__ import annotations
@@ -86,7 +87,11 @@ class Report:
         try:
             fn()
         except Exception:  # one broken kernel must not hide the others' results
-            self.check(f"{name}: ran", False, traceback.format_exc(limit=4))
+            if counts:
+                self.check(f"{name}: ran", False, traceback.format_exc(limit=4))
+            else:  # a timing that breaks is reported, but it is not a wrong result
+                self.errors.append(f"{name}: {traceback.format_exc(limit=4)}")
+                print(f"ERROR {self.errors[-1]}", flush=True)
         print(f"-- {name}: {time.perf_counter() - start:.1f} s", flush=True)
 
     @property
@@ -170,7 +175,10 @@ def _check_one_linear(report: Report, name: str, out_features: int, in_features:
     poison((x.shape[0], out_features), out_dtype or dtype, device)
     whole = matmul.invariant_linear(x, weight, bias, out_dtype)
     expected = matmul.linear_reference(x[:65], weight, bias, torch.float64)
-    check_close(report, name, whole[:65], expected, tolerance_of(out_dtype or dtype))
+    tolerance = tolerance_of(out_dtype or dtype)
+    if dtype != torch.float32 and out_dtype == torch.float32:
+        tolerance = 5e-5  # exact bf16 products, but tensor-core sums of unstated precision
+    check_close(report, name, whole[:65], expected, tolerance)
     variants = _num_compiled(matmul._linear_kernel)
     mismatches = []
     for num_rows in row_counts:
@@ -404,13 +412,16 @@ def run_tuning(report: Report, device: torch.device, quick: bool, started: float
 
 
 def print_table(rows: list[dict], title: str) -> None:
-    print(f"\n{title}\n{'kernel':<21}{'case':<22}{'T':>5} {'ours':>9}{'torch':>9}{'x':>6}"
-          f"{'floor':>8}  (us, graph replay; do_bench ours/torch)")
+    """One line per (kernel, case): `T: ours/torch/floor` in us, CUDA-graph replay times
+    (do_bench's and everything else are in the JSON)."""
+    print(f"\n{title} -- T: ours/torch/floor us (graph replay)")
+    lines: dict[tuple[str, str], list[str]] = {}
     for row in rows:
-        speedup = row["torch_graph_us"] / max(row["ours_graph_us"], 1e-9)
-        print(f"{row['kernel']:<21}{row['case']:<22}{row['T']:>5} {row['ours_graph_us']:>9.1f}"
-              f"{row['torch_graph_us']:>9.1f}{speedup:>6.2f}{row['floor_us']:>8.1f}  "
-              f"{row['ours_bench_us']:.1f}/{row['torch_bench_us']:.1f}")
+        lines.setdefault((row["kernel"], row["case"]), []).append(
+            f"{row['T']}: {row['ours_graph_us']:.1f}/{row['torch_graph_us']:.1f}/"
+            f"{row['floor_us']:.1f}")
+    for (kernel, case), cells in lines.items():
+        print(f"{kernel:<20} {case:<21} " + "  ".join(cells))
 
 
 def main() -> int:
@@ -431,7 +442,7 @@ def main() -> int:
     if not args.no_bench:
         run_benchmarks(report, device, args.quick)
         run_tuning(report, device, args.quick, start)
-    print_table(report.tuning, "tuning (torch = the same torch call again)")
+    print_table(report.tuning, "tuning (torch: the same torch call as in the timings)")
     print_table(report.timings, "timings")
     wall = time.perf_counter() - start
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
