@@ -391,17 +391,18 @@ def run_benchmarks(report: Report, device: torch.device, quick: bool) -> None:
 
 
 def run_tuning(report: Report, device: torch.device, quick: bool, started: float) -> None:
-    """Split-K counts and attention tiles other than the planned ones, while time is left."""
+    """Tilings, split-K counts and attention tiles other than the planned ones, while time
+    is left."""
     if quick:
-        sweeps = {"split-K": lambda: bench_matmul.bench_split_k(device, TINY_LINEARS, (1,),
-                                                                (1, 2)),
+        sweeps = {"linear tilings": lambda: bench_matmul.bench_linear_tilings(
+                      device, {"tiny.qkv": TINY_LINEARS["tiny.qkv"]}, (1,)),
                   "attention tiles": lambda: bench_tree_attention.bench_tiles(
                       device, ((64, 512, True), (32, 64, False)), ((1, 64, 1),),
                       ("tiny", (4, 2, 64)))}
     else:
         qwen = {name: bench_matmul.QWEN3_LINEARS[name] for name in ("qwen3.qkv", "qwen3.o",
                                                                      "qwen3.down")}
-        sweeps = {"split-K": lambda: bench_matmul.bench_split_k(device, qwen),
+        sweeps = {"linear tilings": lambda: bench_matmul.bench_linear_tilings(device, qwen),
                   "attention tiles": lambda: bench_tree_attention.bench_tiles(device)}
     for name, sweep in sweeps.items():
         if time.perf_counter() - started > TUNING_DEADLINE_S:

@@ -5,7 +5,6 @@ scripts/gpu/check_kernels.py, or alone: `python -m tests.kernels.bench_matmul`."
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import torch
 import torch.nn.functional as F
@@ -41,21 +40,31 @@ def bench_linear(device: torch.device, shapes: dict[str, tuple[int, int]],
     return rows
 
 
-def bench_split_k(device: torch.device, shapes: dict[str, tuple[int, int]],
-                  row_counts: tuple[int, ...] = (1, 64, 2048),
-                  split_ks: tuple[int, ...] = (1, 2, 4, 8)) -> list[dict]:
-    """Tuning data: the same tiles with other split-K counts (each count is its own
-    invariant kernel; the rows pick linear_config's tiles, `torch_*` is cuBLAS again)."""
+def tiling_variants(planned: LinearConfig) -> dict[str, LinearConfig]:
+    """The planned tiles with every split-K count, and two larger tiles at the planned count."""
+    variants = {f"linear S={split}": dataclasses.replace(planned, split_k=split)
+                for split in (1, 2, 4, 8)}
+    variants["linear 128x128 w8"] = dataclasses.replace(planned, block_m=128, num_warps=8,
+                                                        num_stages=3)
+    variants["linear 64x256 w8"] = dataclasses.replace(planned, block_n=256, num_warps=8,
+                                                       num_stages=3)
+    return variants
+
+
+def bench_linear_tilings(device: torch.device, shapes: dict[str, tuple[int, int]],
+                         row_counts: tuple[int, ...] = (1, 64, 2048)) -> list[dict]:
+    """Tuning data: other tilings of the same weights (each is its own invariant kernel;
+    `torch_*` is cuBLAS again)."""
     rows = []
     for name, (out_features, in_features) in shapes.items():
         weight_bytes = out_features * in_features * 2
         weights = [torch.randn(out_features, in_features, device=device).bfloat16() / 32
                    for _ in range(num_copies(weight_bytes, device))]
         planned = linear_config(out_features, in_features, torch.bfloat16)
-        for split_k, num_rows in itertools.product(split_ks, row_counts):
-            config = dataclasses.replace(planned, split_k=split_k)
-            rows.append({"kernel": f"linear S={split_k}", "case": name, "T": num_rows,
-                         **_one(weights, num_rows, out_dtype_of(name), config)})
+        for label, config in tiling_variants(planned).items():
+            for num_rows in row_counts:
+                rows.append({"kernel": label, "case": name, "T": num_rows,
+                             **_one(weights, num_rows, out_dtype_of(name), config)})
     return rows
 
 
