@@ -10,7 +10,11 @@ the same order, for every launch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 
@@ -22,3 +26,161 @@ def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     if bias is not None:
         out = out + bias.double()
     return out.to(out_dtype or x.dtype)
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """One tiling. `split_k` > 1 cuts K into that many ranges of whole BLOCK_K blocks whose
+    float32 partial sums a second kernel adds in split order (no atomics)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+SM_TARGET = 128  # programs wanted at T <= BLOCK_M (the H200 has 132 SMs)
+MIN_SPLIT_BYTES = 8 << 20  # below this a weight reads in ~2 us: a second launch costs more
+MIN_BLOCKS_PER_SPLIT = 8  # K blocks each split keeps, so the pipeline stays full
+
+
+def linear_config(out_features: int, in_features: int, dtype: torch.dtype) -> LinearConfig:
+    """The tiling of a (N, K) weight: a function of the weight alone, never of T.
+
+    16-bit weights: 64 x 128 tiles (one warpgroup's wgmma on Hopper, and memory bound at
+    T <= 64: 64 rows of MMA per weight byte is under the H200's ~180 FLOP/byte ridge);
+    float32 weights: a small FMA tile (ieee dot). Split-K when the N tiles alone would
+    leave most SMs idle at small T and the weight is large enough to be worth a launch."""
+    if dtype == torch.float32:
+        block_m, block_n, block_k, warps, stages = 32, 64, 32, 4, 3
+    else:
+        block_m, block_n, block_k, warps, stages = 64, 128, 64, 4, 4
+    n_tiles = triton.cdiv(out_features, block_n)
+    k_blocks = triton.cdiv(in_features, block_k)
+    weight_bytes = out_features * in_features * torch.finfo(dtype).bits // 8
+    split_k = 1
+    while (weight_bytes >= MIN_SPLIT_BYTES and n_tiles * split_k < SM_TARGET
+           and k_blocks // (2 * split_k) >= MIN_BLOCKS_PER_SPLIT):
+        split_k *= 2
+    return LinearConfig(block_m, block_n, block_k, split_k, warps, stages)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _linear_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, num_rows, N, K, blocks_per_split,
+    stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_mask = rows < num_rows
+    col_mask = cols < N
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # (BK, BN)
+    first_block = pid_k * blocks_per_split
+    last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for kb in range(first_block, last_block):  # the same K order for every row
+        k0 = kb * BLOCK_K
+        if EVEN_K:
+            a = tl.load(x_ptrs + k0, mask=row_mask[:, None], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=col_mask[None, :], other=0.0)
+        else:
+            k_mask = (k0 + ks) < K
+            a = tl.load(x_ptrs + k0, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=col_mask[None, :] & k_mask[:, None], other=0.0)
+        if DOT_IEEE:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    mask = row_mask[:, None] & col_mask[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        part = part_ptr + (pid_k * num_rows + rows[:, None]) * N + cols[None, :]
+        tl.store(part, acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _split_k_reduce_kernel(
+    part_ptr, bias_ptr, out_ptr, num_rows, N, stride_om,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0)
+    for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
+        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dot_in_float32(x: Tensor) -> bool:
+    """Whether a kernel's tl.dot runs on float32 operands (ieee, no tf32): float32 models,
+    and bf16 under the CPU interpreter, whose dot multiplies bf16 bit patterns (triton
+    issue 11584); the upcast is exact and the sums stay float32, as on tensor cores."""
+    return x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and x.device.type == "cpu")
+
+
+def invariant_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+                     out_dtype: torch.dtype | None = None) -> Tensor:
+    """x: (T, K) contiguous; weight: (N, K) contiguous, x's dtype; bias: (N,) or None ->
+    (T, N) in `out_dtype` (default x's dtype), float32 accumulation. Row t of the result
+    is bitwise the same for any T: the tiling is `linear_config(N, K, dtype)`."""
+    config = linear_config(weight.shape[0], weight.shape[1], weight.dtype)
+    return linear_with_config(x, weight, bias, out_dtype, config)
+
+
+def linear_with_config(x: Tensor, weight: Tensor, bias: Tensor | None,
+                       out_dtype: torch.dtype | None, config: LinearConfig) -> Tensor:
+    """`invariant_linear` with an explicit tiling (tests and tuning)."""
+    assert x.dim() == 2 and weight.dim() == 2, (x.shape, weight.shape)
+    assert x.is_contiguous() and weight.is_contiguous(), "x and weight must be contiguous"
+    assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
+    assert x.dtype == weight.dtype, (x.dtype, weight.dtype)
+    assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), x.dtype
+    assert x.device == weight.device, (x.device, weight.device)
+    num_rows, in_features = x.shape
+    out_features = weight.shape[0]
+    if bias is not None:
+        assert bias.shape == (out_features,) and bias.is_contiguous(), bias.shape
+        assert bias.device == x.device, bias.device
+    out = x.new_empty((num_rows, out_features), dtype=out_dtype or x.dtype)
+    if num_rows == 0:
+        return out
+    k_blocks = triton.cdiv(in_features, config.block_k)
+    blocks_per_split = triton.cdiv(k_blocks, config.split_k)
+    split_k = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
+    part = (x.new_empty((split_k, num_rows, out_features), dtype=torch.float32)
+            if split_k > 1 else out)
+    bias_arg = bias if bias is not None else out
+    grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
+            split_k)
+    _linear_kernel[grid](
+        x, weight, bias_arg, out, part, num_rows, out_features, in_features,
+        blocks_per_split, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, SPLIT_K=split_k,
+        EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split_k > 1:
+        block = 1024
+        _split_k_reduce_kernel[(num_rows, triton.cdiv(out_features, block))](
+            part, bias_arg, out, num_rows, out_features, out.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, num_warps=4,
+        )
+    return out

@@ -4,6 +4,8 @@ construction: each row is reduced alone, in one fixed order)."""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 
@@ -17,3 +19,54 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float,
     h32 = h.float()
     normed = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(h.dtype), h
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, h_ptr, hidden, eps,
+    stride_x, stride_r, stride_o, stride_h,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:  # the residual stream is rounded to the model dtype, as in eager
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        h = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(h_ptr + row * stride_h + cols, h, mask=mask)
+    else:
+        h = x
+    h32 = h.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(h32 * h32, 0) / hidden + eps)
+    normed = (h32 * rstd).to(x.dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (weight * normed).to(x.dtype), mask=mask)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float,
+             residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The Triton kernel of `rms_norm_reference`: x, residual (T, H) with contiguous rows;
+    weight (H,) in x's dtype. One program per row. Returns (normed (T, H), h), h = x when
+    there is no residual, else a new (T, H) tensor holding x + residual."""
+    assert x.dim() == 2 and x.stride(1) == 1, "x must be (T, H) with contiguous rows"
+    assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), x.dtype
+    num_rows, hidden = x.shape
+    assert weight.shape == (hidden,) and weight.is_contiguous(), weight.shape
+    assert weight.dtype == x.dtype and weight.device == x.device, weight.dtype
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(1) == 1, residual.shape
+        assert residual.dtype == x.dtype and residual.device == x.device, residual.dtype
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    h = x if residual is None else torch.empty_like(out)
+    if num_rows == 0:
+        return out, h
+    block = triton.next_power_of_2(hidden)
+    source = residual if residual is not None else x
+    _rms_norm_kernel[(num_rows,)](
+        x, source, weight, out, h, hidden, eps,
+        x.stride(0), source.stride(0), out.stride(0), h.stride(0),
+        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        num_warps=min(16, max(1, block // 512)),
+    )
+    return out, h

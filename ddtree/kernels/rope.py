@@ -5,6 +5,8 @@ convention of HF Llama/Qwen3, angles in float32), and store k and v in the KV po
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 
@@ -48,3 +50,99 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+@triton.jit
+def _rope_store_kernel(
+    qkv_ptr, positions_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, write_slot_ptr,
+    write_pos_ptr, q_norm_ptr, k_norm_ptr, q_out_ptr, eps,
+    stride_row, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    """Program (t, h): query head h < Hq, or key head h - Hq together with value head
+    h - Hq. Row t's arithmetic never looks at another row."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    cols = tl.arange(0, HALF)
+    src = qkv_ptr + row * stride_row + head * HEAD_DIM  # q heads, then k heads
+    x1 = tl.load(src + cols).to(tl.float32)
+    x2 = tl.load(src + HALF + cols).to(tl.float32)
+    dtype = qkv_ptr.dtype.element_ty
+    if HAS_NORM:  # Qwen3's per-head RMSNorm: float32 statistics, cast, then weight
+        if head < NUM_HEADS:
+            w1 = tl.load(q_norm_ptr + cols).to(tl.float32)
+            w2 = tl.load(q_norm_ptr + HALF + cols).to(tl.float32)
+        else:
+            w1 = tl.load(k_norm_ptr + cols).to(tl.float32)
+            w2 = tl.load(k_norm_ptr + HALF + cols).to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / HEAD_DIM + eps)
+        x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    # Angles in float32, cos and sin rounded to the model dtype; each product and the sum
+    # rounded to it too: `x * cos + rotate_half(x) * sin` done op by op in eager.
+    angle = tl.load(positions_ptr + row).to(tl.float32) * tl.load(inv_freq_ptr + cols)
+    cos = tl.cos(angle).to(dtype).to(tl.float32)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    out1 = ((x1 * cos).to(dtype).to(tl.float32) - (x2 * sin).to(dtype).to(tl.float32)).to(dtype)
+    out2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
+    if head < NUM_HEADS:
+        dst = q_out_ptr + (row * NUM_HEADS + head) * HEAD_DIM
+        tl.store(dst + cols, out1)
+        tl.store(dst + HALF + cols, out2)
+    else:
+        kv_head = head - NUM_HEADS
+        slot = tl.load(write_slot_ptr + row).to(tl.int64)
+        pos = tl.load(write_pos_ptr + row).to(tl.int64)
+        k_dst = k_cache_ptr + slot * stride_ks + pos * stride_kp + kv_head * stride_kh
+        cache_dtype = k_cache_ptr.dtype.element_ty
+        tl.store(k_dst + cols, out1.to(cache_dtype))
+        tl.store(k_dst + HALF + cols, out2.to(cache_dtype))
+        all_cols = tl.arange(0, HEAD_DIM)
+        v = tl.load(src + NUM_KV_HEADS * HEAD_DIM + all_cols)
+        v_dst = v_cache_ptr + slot * stride_vs + pos * stride_vp + kv_head * stride_vh
+        tl.store(v_dst + all_cols, v.to(v_cache_ptr.dtype.element_ty))
+
+
+def rope_store(
+    qkv: Tensor, positions: Tensor, inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor,
+    write_slot: Tensor, write_pos: Tensor, num_heads: int, num_kv_heads: int,
+    q_norm_weight: Tensor | None = None, k_norm_weight: Tensor | None = None,
+    eps: float = 1e-6,
+) -> Tensor:
+    """The Triton kernel of `rope_store_reference` (same arguments and rounding), one pass
+    over qkv: (T, (Hq + 2*Hkv) * D) with contiguous rows; positions, write_slot,
+    write_pos: (T,) int; inv_freq: (D/2,) float32; k_cache, v_cache: (num_slots, max_len,
+    Hkv, D), head dim contiguous. Writes k and v into the pool; returns q: (T, Hq, D)."""
+    assert qkv.dim() == 2 and qkv.stride(1) == 1, "qkv must be (T, width) with contiguous rows"
+    assert qkv.dtype in (torch.bfloat16, torch.float16, torch.float32), qkv.dtype
+    num_rows, width = qkv.shape
+    head_dim = width // (num_heads + 2 * num_kv_heads)
+    assert head_dim * (num_heads + 2 * num_kv_heads) == width, (width, num_heads, num_kv_heads)
+    assert head_dim in (64, 128), f"head dim {head_dim}"
+    assert inv_freq.shape == (head_dim // 2,) and inv_freq.dtype == torch.float32
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        assert cache.dim() == 4 and cache.shape[2:] == (num_kv_heads, head_dim), name
+        assert cache.stride(3) == 1 and cache.device == qkv.device, name
+    for name, meta in (("positions", positions), ("write_slot", write_slot),
+                       ("write_pos", write_pos)):
+        assert meta.shape == (num_rows,) and meta.is_contiguous(), f"{name}: {meta.shape}"
+        assert meta.dtype in (torch.int32, torch.int64) and meta.device == qkv.device, name
+    has_norm = q_norm_weight is not None and k_norm_weight is not None
+    assert (q_norm_weight is None) == (k_norm_weight is None), "both head norms or neither"
+    if has_norm:
+        for weight in (q_norm_weight, k_norm_weight):
+            assert weight is not None and weight.shape == (head_dim,) and weight.is_contiguous()
+            assert weight.dtype == qkv.dtype, weight.dtype
+    q = qkv.new_empty((num_rows, num_heads, head_dim))
+    if num_rows == 0:
+        return q
+    norm_q = q_norm_weight if q_norm_weight is not None else inv_freq
+    norm_k = k_norm_weight if k_norm_weight is not None else inv_freq
+    _rope_store_kernel[(num_rows, num_heads + num_kv_heads)](
+        qkv, positions, inv_freq, k_cache, v_cache, write_slot, write_pos, norm_q, norm_k, q,
+        eps, qkv.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HALF=head_dim // 2, HAS_NORM=has_norm, num_warps=1 if head_dim <= 64 else 2,
+    )
+    return q

@@ -30,7 +30,11 @@ ar step that would have produced the same token.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
+
+from ddtree.kernels.matmul import dot_in_float32
 
 
 def logical_slots(
@@ -82,3 +86,232 @@ def tree_attention_reference(
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("tkgp,tpkd->tkgd", probs, values)  # (T, Hkv, G, D)
     return out.reshape(num_queries, num_heads, head_dim).to(q.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Triton kernel. Invariance comes from fixed constants: keys are reduced in blocks of
+# BLOCK_N logical positions starting at multiples of BLOCK_N, inside splits of SPLIT_SIZE
+# logical positions starting at multiples of SPLIT_SIZE, and splits are merged in split
+# order. A query whose sequence fits one split is normalised in the split kernel; a longer
+# one always goes through the combine kernel. Both choices depend on the query's own length
+# only, never on max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
+# the rest in a second; both run the same `_attend_block`, so a block gives the same bits in
+# either (an ar query reaches in its first loop a block that its tree twin reaches in its
+# second; the sm_90 PTX of the two loop bodies holds the same float ops in the same order).
+
+SPLIT_SIZE = 512  # logical positions per split (a multiple of BLOCK_N)
+BLOCK_N = 64  # logical positions per key block
+PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
+MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_block(q, k_base, v_base, slot, valid, m_i, l_i, acc, scale_log2, stride_kp,
+                  stride_vp, HEAD_DIM: tl.constexpr, DOT_IEEE: tl.constexpr):
+    """One block of keys into the online softmax: the same code, so the same arithmetic,
+    in both loops of the split kernel. slot: (BLOCK,) int64 pool slots; valid: (BLOCK,)."""
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(k_base + slot[None, :] * stride_kp + dims[:, None],
+                mask=valid[None, :], other=0.0)  # (D, BLOCK)
+    if DOT_IEEE:
+        scores = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+    else:
+        scores = tl.dot(q, k)
+    scores = tl.where(valid[None, :], scores * scale_log2, float("-inf"))  # (G_pad, BLOCK)
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + slot[:, None] * stride_vp + dims[None, :],
+                mask=valid[:, None], other=0.0)  # (BLOCK, D)
+    if DOT_IEEE:  # p rounded to v's dtype first, as on the tensor-core path
+        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits"])
+def _tree_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
+    query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
+    scale_log2, num_tree_cols, stride_tree,
+    stride_qt, stride_qh, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
+    stride_ot, stride_oh, num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    prefix = tl.load(prefix_len_ptr + t).to(tl.int32)
+    total = prefix + tl.load(num_tree_keys_ptr + t).to(tl.int32)
+    start = split * SPLIT
+    # A query with no keys still gets its split 0 (it writes zeros, never NaN).
+    if start >= tl.maximum(total, 1):
+        return
+    end = tl.minimum(start + SPLIT, total)
+    tree_base = tl.load(tree_base_ptr + t).to(tl.int32)
+    k_base = k_ptr + tl.load(query_slot_ptr + t).to(tl.int64) * stride_ks + kv_head * stride_kh
+    v_base = v_ptr + tl.load(query_slot_ptr + t).to(tl.int64) * stride_vs + kv_head * stride_vh
+
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + rows  # (G_pad,)
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                mask=(rows < GROUP)[:, None], other=0.0)  # (G_pad, D)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    tail_start = start
+    if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
+        # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
+        tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
+        for block_start in range(start, tail_start, BLOCK):
+            pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
+            m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
+                                          m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
+                                          HEAD_DIM, DOT_IEEE)
+    for block_start in range(tail_start, end, BLOCK):
+        pos = block_start + tl.arange(0, BLOCK)
+        tree_col = pos - prefix
+        is_tree = tree_col >= 0
+        tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
+                           mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
+        slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
+        m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
+                                      scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
+
+    head_mask = rows < GROUP
+    if total <= SPLIT:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    else:
+        ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
+        tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
+                 mask=head_mask[:, None])
+        tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
+        tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _tree_attention_combine_kernel(
+    out_ptr, ws_acc_ptr, ws_stat_ptr, prefix_len_ptr, num_tree_keys_ptr,
+    stride_ot, stride_oh, num_splits,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    total = (tl.load(prefix_len_ptr + t).to(tl.int32)
+             + tl.load(num_tree_keys_ptr + t).to(tl.int32))
+    if total <= SPLIT:
+        return
+    dims = tl.arange(0, HEAD_DIM)
+    m_i = tl.load(ws_stat_ptr + (t * num_splits * NUM_HEADS + head) * 2)
+    l_i = tl.zeros_like(m_i)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for split in range(0, tl.cdiv(total, SPLIT)):  # in split order: a fixed sum order
+        ws_row = (t * num_splits + split) * NUM_HEADS + head
+        m_s = tl.load(ws_stat_ptr + ws_row * 2)
+        l_s = tl.load(ws_stat_ptr + ws_row * 2 + 1)
+        a_s = tl.load(ws_acc_ptr + ws_row * HEAD_DIM + dims)
+        m_new = tl.maximum(m_i, m_s)
+        alpha = tl.exp2(m_i - m_new)
+        beta = tl.exp2(m_s - m_new)
+        l_i = l_i * alpha + l_s * beta
+        acc = acc * alpha + a_s * beta
+        m_i = m_new
+    tl.store(out_ptr + t * stride_ot + head * stride_oh + dims,
+             (acc / l_i).to(out_ptr.dtype.element_ty))
+
+
+def tree_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
+    tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
+    max_kv_len: int,
+) -> Tensor:
+    """The Triton kernel of `tree_attention_reference` (same arguments; softmax in float32).
+
+    q: (T, Hq, D) contiguous; k_cache, v_cache: (num_slots, max_len, Hkv, D), last dim
+    contiguous (a `pool[layer]` view); query_slot, prefix_len, tree_base, num_tree_keys:
+    (T,) int32/int64; tree_keys: (T, Kt) int32/int64, row-contiguous. `max_kv_len` bounds
+    prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
+    depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
+    """
+    return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
+                                tree_keys, num_tree_keys, scale, max_kv_len, BLOCK_N,
+                                SPLIT_SIZE, PREFIX_LOOP)
+
+
+def tree_attention_tiled(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
+    tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
+    max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
+) -> Tensor:
+    """`tree_attention` with explicit block and split sizes and loop structure (the tests
+    use small sizes to cross their boundaries at short lengths). Outputs agree bitwise only
+    between launches with the same three settings."""
+    _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
+                     num_tree_keys, max_kv_len)
+    assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
+    num_queries, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_splits = triton.cdiv(max_kv_len, split_size)
+    out = torch.empty_like(q)
+    if num_queries == 0:
+        return out
+    if num_splits > 1:
+        ws_acc = q.new_empty((num_queries, num_splits, num_heads, head_dim), dtype=torch.float32)
+        ws_stat = q.new_empty((num_queries, num_splits, num_heads, 2), dtype=torch.float32)
+    else:  # every query fits one split: the workspace is never touched
+        ws_acc = ws_stat = q.new_empty((1,), dtype=torch.float32)
+    num_tree_cols = tree_keys.shape[1]
+    if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
+        tree_keys = tree_keys.new_empty((num_queries, 1))
+    _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, ws_acc, ws_stat,
+        query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
+        scale * LOG2_E, num_tree_cols, tree_keys.stride(0),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        out.stride(0), out.stride(1), num_splits,
+        GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
+        DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, num_warps=4, num_stages=3,
+    )
+    if num_splits > 1:
+        _tree_attention_combine_kernel[(num_queries, num_heads)](
+            out, ws_acc, ws_stat, prefix_len, num_tree_keys,
+            out.stride(0), out.stride(1), num_splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=split_size, num_warps=1,
+        )
+    return out
+
+
+def _check_arguments(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
+    tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, max_kv_len: int,
+) -> None:
+    assert q.dim() == 3 and q.is_contiguous(), "q must be a contiguous (T, Hq, D)"
+    assert q.dtype in (torch.bfloat16, torch.float16, torch.float32), q.dtype
+    num_queries, num_heads, head_dim = q.shape
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        assert cache.dim() == 4 and cache.shape[3] == head_dim, f"{name}: {cache.shape}"
+        assert cache.stride(3) == 1, f"{name}: the head dim must be contiguous"
+        assert cache.dtype == q.dtype and cache.device == q.device, f"{name}: {cache.dtype}"
+    assert k_cache.shape == v_cache.shape, (k_cache.shape, v_cache.shape)
+    assert head_dim in (64, 128), f"head dim {head_dim}: the kernel is built for 64 and 128"
+    assert num_heads % k_cache.shape[2] == 0, "Hq must be a multiple of Hkv"
+    for name, meta in (("query_slot", query_slot), ("prefix_len", prefix_len),
+                       ("tree_base", tree_base), ("num_tree_keys", num_tree_keys)):
+        assert meta.shape == (num_queries,), f"{name}: {meta.shape}"
+        assert meta.dtype in (torch.int32, torch.int64) and meta.is_contiguous(), name
+        assert meta.device == q.device, name
+    assert tree_keys.dim() == 2 and tree_keys.shape[0] == num_queries, tree_keys.shape
+    assert tree_keys.dtype in (torch.int32, torch.int64) and tree_keys.device == q.device
+    assert tree_keys.shape[1] == 0 or tree_keys.stride(1) == 1, "tree_keys rows contiguous"
+    assert max_kv_len >= 1, max_kv_len

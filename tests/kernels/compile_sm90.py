@@ -1,0 +1,136 @@
+"""Compile the kernels for an H200 (sm_90) on a machine without a GPU, and read what came
+out: registers, spills, shared memory, the matrix instructions, and whether the two loops of
+the tree-attention split kernel emit the same float operations. No launch; a stand-in
+driver lets `JITFunction.run` compile through the real NVIDIA backend (LLVM, ptxas) that
+the triton wheel carries. Uses triton internals: a tool, not a test.
+
+    PYTHONPATH=. python -m tests.kernels.compile_sm90    # (a triton 3.6 on PYTHONPATH
+                                                          #  compiles what the H200 host will)
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+import ddtree.kernels.matmul as matmul
+import ddtree.kernels.tree_attention as attention
+from ddtree.kernels.rmsnorm import rms_norm
+from ddtree.kernels.rope import rope_store
+from ddtree.kernels.swiglu import silu_mul
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+FLOAT_OP = re.compile(r"\b(HMMA|HGMMA|FADD|FMUL|FFMA|MUFU|FMNMX|F2FP|FSEL|FSETP)[.A-Z0-9_]*")
+
+
+class StandInCuda:
+    """Just enough of a CUDA driver for triton to pick the sm_90 target and compile."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def compile_everything() -> list[tuple[str, object]]:
+    """Run every launcher on CPU tensors with the GPU's choices; collect the binaries."""
+    compiled: list[tuple[str, object]] = []
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append((self.__name__, kernel))
+        return kernel
+
+    driver.set_active(StandInCuda())  # for this process: there is no real one to restore
+    JITFunction.run = compile_only
+    gpu_dot = matmul.dot_in_float32  # on CPU tensors it would pick the interpreter's upcast
+    matmul.dot_in_float32 = attention.dot_in_float32 = lambda x: x.dtype == torch.float32
+    try:
+        _launch_all()
+    finally:
+        JITFunction.run = run
+        matmul.dot_in_float32 = attention.dot_in_float32 = gpu_dot
+    return compiled
+
+
+def _launch_all() -> None:
+    bf16 = torch.bfloat16
+    for out_features, in_features in ((960, 576), (49152, 576), (6144, 4096), (4096, 12288)):
+        for dtype in (bf16, torch.float32):
+            x = torch.randn(3, in_features).to(dtype)
+            matmul.invariant_linear(x, torch.empty(out_features, in_features, dtype=dtype))
+    for num_heads, num_kv_heads, head_dim in ((9, 3, 64), (32, 8, 128)):
+        for dtype in (bf16, torch.float32):
+            q = torch.randn(2, num_heads, head_dim).to(dtype)
+            pool = torch.empty(2, 3, 600, num_kv_heads, head_dim, dtype=dtype)
+            meta = torch.zeros(2, dtype=torch.int32)
+            attention.tree_attention(q, pool[1], pool[1], meta, meta + 1, meta,
+                                     torch.zeros(2, 17, dtype=torch.int32), meta, 0.1, 4096)
+    for hidden in (576, 4096):
+        x = torch.randn(2, hidden).to(bf16)
+        rms_norm(x, x[0].clone(), 1e-6, x.clone())
+    for num_heads, num_kv_heads, head_dim, norm in ((9, 3, 64, False), (32, 8, 128, True)):
+        qkv = torch.randn(2, (num_heads + 2 * num_kv_heads) * head_dim).to(bf16)
+        pool = torch.empty(2, 2, 8, num_kv_heads, head_dim, dtype=bf16)
+        weight = torch.ones(head_dim, dtype=bf16) if norm else None
+        index = torch.zeros(2, dtype=torch.long)
+        rope_store(qkv, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
+                   num_heads, num_kv_heads, weight, weight)
+    silu_mul(torch.randn(2, 2 * 1536).to(bf16))
+
+
+def sass_of(kernel: object) -> tuple[str, str]:
+    """(resource usage line, SASS) of a compiled kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin.name],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "--dump-sass", cubin.name], capture_output=True,
+                              text=True, check=True).stdout
+    line = next(row for row in usage.splitlines() if "REG:" in row)
+    return " ".join(line.split()[:5]), sass
+
+
+def loop_float_ops(sass: str) -> list[collections.Counter]:
+    """The float-op multiset of each loop (a backward branch's span) in a SASS listing."""
+    code = [(int(addr, 16), text) for addr, text in
+            re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    loops = [(int(target, 16), addr) for addr, text in code
+             for target in re.findall(r"BRA\s+0x([0-9a-f]+)", text) if int(target, 16) < addr]
+    return [collections.Counter(op.group(0) for addr, text in code if low <= addr <= high
+                                for op in [FLOAT_OP.search(text)] if op)
+            for low, high in loops]
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, target sm_90")
+    for name, kernel in compile_everything():
+        usage, sass = sass_of(kernel)
+        mma = "HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "no MMA"
+        line = f"{name:32s} {usage:42s} {mma:7s} shared {kernel.metadata.shared:6d} B"
+        if name == "_tree_attention_split_kernel":
+            loops = loop_float_ops(sass)
+            line += f"  loops {len(loops)}, same float ops: {len(set(map(str, loops))) == 1}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

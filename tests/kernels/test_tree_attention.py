@@ -1,0 +1,135 @@
+"""Tree attention kernel: a tree query equals its ar twin bitwise (same logical key values:
+chain, star, random and single-node trees, ragged batches over several pool rows), whatever
+the launch holds or max_kv_len says; and it matches the plain-PyTorch reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ddtree.kernels.tree_attention import (
+    tree_attention,
+    tree_attention_reference,
+    tree_attention_tiled,
+)
+from tests.kernels.tree_cases import Queries, TwinCase, chain, concat, random_tree, star, twin_case
+
+SMALL_TILES = (16, 32)  # block, split: short contexts cross both boundaries (interpreter)
+
+# (trees as (parents, committed length), Hq, Hkv, D, dtype, index dtype)
+CASES = {
+    "chain-crossing-a-split": ([(chain(5), 29)], 6, 2, 64, torch.bfloat16, torch.int64),
+    "star-crossing-a-block": ([(star(5), 14)], 4, 1, 128, torch.float32, torch.int64),
+    "random-ragged-rows": ([(random_tree(6, 3), 3), (random_tree(5, 4), 45), (chain(2), 70)],
+                           8, 2, 128, torch.bfloat16, torch.int32),
+    "single-nodes-at-split-edges": ([([-1], 31), ([-1], 32), ([-1], 0)], 2, 2, 64,
+                                    torch.float32, torch.int64),
+    "chain-fp16": ([(chain(4), 40)], 4, 2, 64, torch.float16, torch.int32),
+}
+
+
+def run(case: TwinCase, queries: Queries, max_kv_len: int | None = None,
+        tiles: tuple[int, int] = SMALL_TILES) -> torch.Tensor:
+    q = queries.q
+    length = max_kv_len or int(queries.lengths().max())
+    out = tree_attention_tiled(q, case.k_cache, case.v_cache, *queries.fields()[1:],
+                               1 / math.sqrt(q.shape[-1]), length, *tiles)
+    assert not out.isnan().any(), "a key outside the logical sequence was read"
+    return out
+
+
+def reference(case: TwinCase, queries: Queries) -> torch.Tensor:
+    return tree_attention_reference(queries.q, case.k_cache, case.v_cache,
+                                    *queries.fields()[1:], 1 / math.sqrt(queries.q.shape[-1]),
+                                    compute_dtype=torch.float64)
+
+
+def assert_close_to(out: torch.Tensor, ref: torch.Tensor) -> None:
+    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert error < 1e-2, error
+
+
+@pytest.fixture(params=list(CASES), scope="module")
+def case(request: pytest.FixtureRequest) -> TwinCase:
+    trees, num_heads, num_kv_heads, head_dim, dtype, index_dtype = CASES[request.param]
+    return twin_case(trees, num_heads, num_kv_heads, head_dim, dtype, seed=1,
+                     index_dtype=index_dtype)
+
+
+@pytest.fixture(scope="module")
+def outputs(case: TwinCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tree queries in one launch, their ar twins in another with a larger grid."""
+    return run(case, case.tree), run(case, case.ar, int(case.ar.lengths().max()) + 40)
+
+
+def test_tree_queries_equal_their_ar_twins_bitwise(
+        outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    assert torch.equal(*outputs)
+
+
+def test_output_does_not_depend_on_the_launch(
+        case: TwinCase, outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    alone = outputs[0]
+    mixed = concat([case.ar, case.tree])
+    order = torch.randperm(mixed.q.shape[0], generator=torch.Generator().manual_seed(0))
+    shuffled = run(case, mixed.select(order), max_kv_len=int(mixed.lengths().max()) + 70)
+    restored = torch.empty_like(shuffled)
+    restored[order] = shuffled
+    num_tree = case.tree.q.shape[0]
+    assert torch.equal(restored[num_tree:], alone) and torch.equal(restored[:num_tree], alone)
+    last = case.tree.select(torch.tensor([num_tree - 1]))
+    assert torch.equal(run(case, last)[0], alone[-1])
+
+
+def test_matches_the_reference(case: TwinCase,
+                               outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    assert_close_to(outputs[0], reference(case, case.tree))
+    assert_close_to(outputs[1], reference(case, case.ar))
+
+
+@pytest.mark.parametrize("dtype, head_dim, trees", [
+    (torch.float32, 64, [(chain(3), 510), ([-1], 1)]),  # lengths 511..513, one of 1
+    (torch.bfloat16, 128, [(star(3), 1023)]),  # lengths 1024, 1025: a third split of one key
+])
+def test_production_tiles_cross_a_split(dtype: torch.dtype, head_dim: int,
+                                        trees: list[tuple[list[int], int]]) -> None:
+    case = twin_case(trees, 4, 1, head_dim, dtype, seed=2)
+    length = int(case.tree.lengths().max())
+    tree_out = tree_attention(case.tree.q, case.k_cache, case.v_cache, *case.tree.fields()[1:],
+                              0.1, length)
+    ar_out = tree_attention(case.ar.q, case.k_cache, case.v_cache, *case.ar.fields()[1:],
+                            0.1, length + 600)
+    assert torch.equal(tree_out, ar_out)
+    expected = tree_attention_reference(case.tree.q, case.k_cache, case.v_cache,
+                                        *case.tree.fields()[1:], 0.1, torch.float64)
+    assert_close_to(tree_out, expected)
+
+
+def test_tree_keys_without_columns_read_the_prefix_only() -> None:
+    case = twin_case([(chain(3), 20)], 2, 1, 64, torch.float32)
+    no_columns = Queries(*case.ar.fields()[:4], case.ar.tree_keys[:, :0], case.ar.num_tree_keys)
+    assert torch.equal(run(case, no_columns), run(case, case.ar))
+
+
+def test_a_query_without_keys_gets_zeros() -> None:
+    case = twin_case([([-1], 5)], 2, 1, 64, torch.float32)
+    empty = Queries(case.ar.q, case.ar.query_slot, case.ar.prefix_len * 0, case.ar.tree_base,
+                    case.ar.tree_keys, case.ar.num_tree_keys)
+    assert torch.equal(run(case, empty, max_kv_len=8), torch.zeros_like(case.ar.q))
+
+
+def test_rejects_malformed_arguments() -> None:
+    case = twin_case([([-1], 5)], 2, 1, 64, torch.float32)
+    meta = case.ar.fields()[1:]
+    with pytest.raises(AssertionError, match="contiguous"):
+        run(case, Queries(torch.randn(1, 2, 128)[..., :64], *meta))
+    with pytest.raises(AssertionError, match="k_cache"):
+        tree_attention(case.ar.q.bfloat16(), case.k_cache, case.v_cache, *meta, 0.1, 8)
+    with pytest.raises(AssertionError, match="prefix_len"):
+        tree_attention(case.ar.q, case.k_cache, case.v_cache, meta[0], meta[1][:0], *meta[2:],
+                       0.1, 8)
