@@ -59,10 +59,13 @@ class SpecParams:
     max_topk: int | None = None
 
     def validate(self, max_budget: int = MAX_BUDGET) -> None:
+        """The budget is held to `max_budget` only by the modes that use it (ar and linear
+        ignore it, so a server default larger than a request's limit does not fail them)."""
         if self.mode not in MODES:
             raise InvalidArgumentError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not _is_int(self.budget) or not 1 <= self.budget <= max_budget:
-            raise InvalidArgumentError(f"budget must be in [1, {max_budget}], got {self.budget}")
+        limit = max_budget if MODE_RULES[self.mode].uses_budget else MAX_BUDGET
+        if not _is_int(self.budget) or not 1 <= self.budget <= limit:
+            raise InvalidArgumentError(f"budget must be in [1, {limit}], got {self.budget}")
         if self.max_topk is not None and (not _is_int(self.max_topk) or self.max_topk < 1):
             raise InvalidArgumentError(f"max_topk must be >= 1, got {self.max_topk}")
 

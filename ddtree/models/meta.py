@@ -70,17 +70,18 @@ def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
     index = torch.arange(num_nodes, device=slots.device)
     base = committed[:, None].expand(batch, num_nodes)  # (B, M)
     chains = ancestor_chains(parents, depth, width)  # (B, M, width)
+    rows = _flat(slots[:, None].expand(batch, num_nodes))
     return AttentionMeta(
-        positions=(base + depth).reshape(-1),
-        write_slot=slots[:, None].expand(batch, num_nodes).reshape(-1),
-        write_pos=(base + index).reshape(-1),
-        query_slot=slots[:, None].expand(batch, num_nodes).reshape(-1),
-        prefix_len=base.reshape(-1),
-        tree_base=base.reshape(-1),
-        tree_keys=chains.reshape(batch * num_nodes, width),
-        num_tree_keys=(depth + 1).reshape(-1),
-        max_kv_len=max_kv_len,
+        positions=_flat(base + depth), write_slot=rows, write_pos=_flat(base + index),
+        query_slot=rows, prefix_len=_flat(base), tree_base=_flat(base),
+        tree_keys=chains.reshape(batch * num_nodes, width).contiguous(),
+        num_tree_keys=_flat(depth + 1), max_kv_len=max_kv_len,
     )
+
+
+def _flat(x: Tensor) -> Tensor:
+    """(B, M) -> (B*M,) contiguous (a view of an expanded tensor may have stride 0)."""
+    return x.reshape(-1).contiguous()
 
 
 def causal_meta(slot: int, start: int, num_tokens: int, device: torch.device) -> AttentionMeta:
@@ -104,11 +105,11 @@ def block_meta(slots: Tensor, context_len: Tensor, block_size: int,
     batch = slots.shape[0]
     index = torch.arange(block_size, device=slots.device)
     base = context_len[:, None].expand(batch, block_size)  # (B, b)
-    rows = slots[:, None].expand(batch, block_size).reshape(-1)
+    rows = _flat(slots[:, None].expand(batch, block_size))
     return AttentionMeta(
-        positions=(base + index).reshape(-1), write_slot=rows,
-        write_pos=(base + index).reshape(-1), query_slot=rows, prefix_len=base.reshape(-1),
-        tree_base=base.reshape(-1),
+        positions=_flat(base + index), write_slot=rows,
+        write_pos=_flat(base + index), query_slot=rows, prefix_len=_flat(base),
+        tree_base=_flat(base),
         tree_keys=index.expand(batch * block_size, block_size).contiguous(),
         num_tree_keys=torch.full((batch * block_size,), block_size, dtype=torch.long,
                                  device=slots.device),

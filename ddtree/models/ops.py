@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddtree.kernels import matmul, rmsnorm, rope, tree_attention
+from ddtree.kernels import matmul, rmsnorm, rope, swiglu, tree_attention
 from ddtree.models.meta import AttentionMeta
 
 
@@ -76,8 +76,5 @@ def attention(backend: Backend, q: Tensor, k_cache: Tensor, v_cache: Tensor,
 def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
     """gate_up: (T, 2I) = [gate | up] -> silu(gate) * up (T, I)."""
     if backend.kernels:
-        from ddtree.kernels import swiglu  # the Triton module; the reference is below
-
         return swiglu.silu_mul(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return swiglu.silu_mul_reference(gate_up)

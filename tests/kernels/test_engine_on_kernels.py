@@ -1,0 +1,74 @@
+"""The whole engine on the Triton kernels (the interpreter without a GPU): a batch of mixed
+modes, greedy and seeded sampling, serves the same tokens as on the PyTorch references,
+and every mode serves the ar tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.config import plan_pool
+from ddtree.engine.drafting import LocalDrafter
+from ddtree.models.drafter import DFlashDrafter, DrafterConfig
+from ddtree.models.ops import Backend
+from ddtree.models.target import TargetModel
+from ddtree.models.target_config import TargetConfig
+from ddtree.sampling import SamplingParams
+
+PROMPT = [5, 6, 7, 8, 9, 10]
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[TargetModel, DFlashDrafter]:
+    """A small Qwen3-style pair with the kernels' head dim (64)."""
+    torch.manual_seed(0)
+    target = TargetModel(TargetConfig.from_hf({
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 96,
+        "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "eos_token_id": 0}))
+    drafter = DFlashDrafter(DrafterConfig(
+        hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, intermediate_size=128, vocab_size=96, block_size=4, num_target_layers=2,
+        target_layer_ids=(0, 1), has_mask_embedding=True))
+    for module in (target, drafter):
+        for name, param in module.named_parameters():
+            torch.nn.init.normal_(param, std=0.3)
+            if "norm" in name:
+                param.data = 1 + param.data / 3
+    return (target.eval().requires_grad_(False).fuse_weights(),
+            drafter.eval().requires_grad_(False).fuse_weights())
+
+
+def serve(pair: tuple[TargetModel, DFlashDrafter], kernels: bool, spec: SpecParams,
+          sampling: SamplingParams) -> dict[str, list[int]]:
+    target, drafter = pair
+    target.backend = Backend(kernels=kernels)
+    config = EngineConfig(max_num_seqs=2, max_model_len=40, max_budget=8)
+    plan = plan_pool(config, target.config, torch.device("cpu"), torch.float32, 0,
+                     drafter.config.block_size - 1)
+    local = LocalDrafter(drafter, target.embeddings, plan.num_slots, plan.max_model_len,
+                         backend=Backend(kernels=kernels))
+    engine = Engine(target, local, config, plan)
+    engine.add_request("a", GenerationRequest(PROMPT, 10, sampling, spec, ignore_eos=True))
+    engine.add_request("b", GenerationRequest(PROMPT[:3], 9, sampling, SpecParams("linear"),
+                                              ignore_eos=True))
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    while engine.has_work:
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+    return tokens
+
+
+@pytest.mark.parametrize("spec,sampling", [
+    (SpecParams("ar"), SamplingParams()),
+    (SpecParams("tree", 8), SamplingParams()),
+    (SpecParams("shadow", 8), SamplingParams(temperature=0.7, seed=3)),
+])
+def test_engine_on_the_kernels_serves_what_it_serves_on_the_references(
+        pair, spec: SpecParams, sampling: SamplingParams) -> None:
+    on_kernels = serve(pair, True, spec, sampling)
+    assert on_kernels == serve(pair, False, spec, sampling)
+    if sampling.is_greedy:
+        assert on_kernels == serve(pair, True, SpecParams("ar"), sampling)
