@@ -87,9 +87,9 @@ class SlotState:
             any_sampled=any_sampled, any_filtered=any_filtered)
 
     def reset_scratch(self) -> None:
-        """Padding rows advanced the scratch row's length: put it back at 0."""
-        self.ints[self.scratch, COMMITTED] = 0
-        self.ints[self.scratch, PENDING] = 0
+        """Padding rows advanced the scratch row's length: put it back at 0 (a kernel, no
+        host value: this runs inside captured graphs)."""
+        self.ints[self.scratch].zero_()
 
 
 class SlotAllocator:
