@@ -13,8 +13,16 @@ from grpc_health.v1.health import HealthServicer
 
 from ddtree.models.target import TargetModel, load_target
 from ddtree.runtime import resolve_device, resolve_dtype
-from ddtree.service import SERVER_OPTIONS, add_health_and_reflection, set_serving
-from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
+from ddtree.service import (
+    SERVER_OPTIONS,
+    GrpcSecurity,
+    add_health_and_reflection,
+    add_port,
+    open_channel,
+    server_interceptors,
+    set_serving,
+)
+from ddtree.v1 import drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.scheduler import Scheduler
@@ -80,6 +88,7 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         drafter = DrafterClient(
             config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s, target.config
         )
+        secure_drafter_link(drafter, config.security)
         drafter.connect(wait=True)  # not fatal: generations use ar until it connects
 
     def feature_layers() -> tuple[int, ...]:
@@ -93,13 +102,15 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         config, scheduler, sessions, model_info(config, target, max_model_len)
     )
     # Each Generate stream holds a thread for its whole life; leave room for unary calls.
-    pool = futures.ThreadPoolExecutor(max_workers=2 * config.max_sessions + 8)
-    server = grpc.server(pool, options=SERVER_OPTIONS)
+    # RPCs past the pool are refused (RESOURCE_EXHAUSTED) instead of waiting for a thread.
+    num_threads = 2 * config.max_sessions + 8
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=num_threads), options=SERVER_OPTIONS,
+        interceptors=server_interceptors(config.security), maximum_concurrent_rpcs=num_threads,
+    )
     verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server)
-    health = add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise OSError(f"cannot bind {config.host}:{config.port}")
+    health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)
+    port = add_port(server, config.host, config.port, config.security)
     scheduler.start()
     server.start()
     set_serving(health, [SERVICE_NAME])
@@ -113,3 +124,16 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         drafter_connected=drafter is not None and drafter.info is not None,
     )
     return VerifierServer(server, health, scheduler, drafter), port
+
+
+def secure_drafter_link(drafter: DrafterClient, security: GrpcSecurity) -> None:
+    """The drafter channel with the token and TLS of `security`.
+
+    A bridge: DrafterClient opens a plaintext channel of its own; once it takes its
+    channel from `ddtree.service.open_channel(address, security)` this goes away.
+    """
+    if not (security.token or security.tls_ca):
+        return
+    drafter._channel.close()
+    drafter._channel = open_channel(drafter.address, security)
+    drafter._stub = drafter_pb2_grpc.DrafterStub(drafter._channel)
