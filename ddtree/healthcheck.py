@@ -55,13 +55,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds")
     parser.add_argument("--tls-ca", default=os.environ.get("DDTREE_TLS_CA", ""),
                         help="check over TLS, trusting this CA (env DDTREE_TLS_CA)")
-    parser.add_argument("--tls-server-name", default=os.environ.get("DDTREE_TLS_SERVER_NAME", ""),
+    parser.add_argument("--tls-server-name",
+                        default=os.environ.get("DDTREE_TLS_SERVER_NAME", ""),
                         help="the name in the server's certificate")
     args = parser.parse_args(argv)
     # Under mutual TLS the service's own certificate doubles as the checker's.
     cert, key = os.environ.get("DDTREE_TLS_CERT", ""), os.environ.get("DDTREE_TLS_KEY", "")
+    if not args.tls_ca:
+        cert = key = ""
     security = GrpcSecurity(tls_ca=args.tls_ca, tls_server_name=args.tls_server_name,
-                            tls_cert=cert if args.tls_ca else "", tls_key=key if args.tls_ca else "")
+                            tls_cert=cert, tls_key=key)
     return 0 if is_serving(args.address, args.service, args.timeout, security) else 1
 
 

@@ -78,13 +78,17 @@ class ChoiceRun:
         self._last_at: float | None = None
         self._gaps: list[tuple[float, int]] = []
         self._ttft_s: float | None = None
+        # The verifier took the request (its first message came): only then does it count
+        # as processed; a refusal is counted apart (gateway/errors.py).
+        self.is_admitted = False
 
     async def deltas(self) -> AsyncGenerator[ChoiceDelta, None]:
         """The choice's events until it finishes; closing early aborts the generation."""
-        self.metrics.running.labels(self.metrics.model_name).inc()
+        self.metrics.in_flight.labels(self.metrics.model_name).inc()
         try:
             async with aclosing(self.client.generate(self.request)) as messages:
                 async for message in messages:
+                    self.is_admitted = True
                     self._time(len(message.token_ids))
                     for delta in self.consume(message):
                         yield delta
@@ -95,8 +99,9 @@ class ChoiceRun:
                 else:
                     raise APIError(502, "the verifier's stream ended without a finish reason")
         finally:
-            self.metrics.running.labels(self.metrics.model_name).dec()
-            self._record()
+            self.metrics.in_flight.labels(self.metrics.model_name).dec()
+            if self.is_admitted:
+                self._record()
 
     async def collect(self) -> ChoiceResult:
         async for _ in self.deltas():

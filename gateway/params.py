@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from ddtree.v1 import common_pb2, verifier_pb2
 from gateway.config import Granularity
-from gateway.errors import invalid_request, model_not_found, unsupported
+from gateway.errors import APIError, invalid_request, model_not_found, unsupported
 from gateway.prompts import PromptEncoder
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -72,6 +72,7 @@ class Plan:
     is_stream: bool = False
     include_usage: bool = False
     num_prompt_tokens: int = 0  # over the distinct prompts (n samples share one)
+    client_request_id: str = ""  # the client's x-request-id (logged, never sent on)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,45 @@ class Defaults:
     max_n: int
 
 
+def check_unicode(value: Any, param: str = "") -> None:
+    """400 naming the first string that is not valid Unicode (a lone surrogate such as
+    "\\ud800" parses as JSON but cannot be tokenized or sent back)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise invalid_request(
+                f"Invalid value for '{param}': it is not valid Unicode text (a lone surrogate "
+                f"at character {exc.start})", param or None) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, param)
+            check_unicode(item, f"{param}.{key}" if param else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{param}[{i}]")
+
+
+def check_context_length(plan: Plan, info: verifier_pb2.ModelInfo | None) -> None:
+    """Prompt (+ max_tokens) against the model length, before anything reaches the verifier
+    (which checks again; `info` None = the verifier is not reachable yet)."""
+    if info is None or info.max_model_len <= 0:
+        return
+    limit = info.max_model_len
+    prompt_param = "messages" if plan.kind == "chat" else "prompt"
+    for request in plan.requests:
+        num_prompt, num_new = len(request.prompt_ids), request.max_tokens
+        if num_prompt >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; the "
+                                f"prompt has {num_prompt} tokens.", prompt_param,
+                           "context_length_exceeded")
+        if num_prompt + num_new > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; you "
+                                f"requested {num_prompt + num_new} ({num_prompt} in the prompt, "
+                                f"{num_new} to generate).", "max_tokens",
+                           "context_length_exceeded")
+
+
 def check_supported(body: SamplingFields) -> None:
     for name in sorted(body.model_fields_set & _NEUTRAL.keys()):
         value = getattr(body, name)
@@ -93,6 +133,7 @@ def check_supported(body: SamplingFields) -> None:
 
 
 def _check_common(body: SamplingFields, defaults: Defaults, num_prompts: int) -> None:
+    check_unicode(body.model_dump(exclude_unset=True))
     if body.model is not None and body.model != defaults.model:
         raise model_not_found(body.model)
     check_supported(body)

@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+from ddtree.errors import CheckpointError
 from gateway.config import ReasoningSetting
 from gateway.errors import invalid_request
 from gateway.reasoning import THINK_END, THINK_START
@@ -44,9 +45,13 @@ class PromptEncoder:
 
     @classmethod
     def load(cls, path: str, reasoning: ReasoningSetting = "auto") -> PromptEncoder:
+        """The tokenizer of a local checkpoint directory; never a download (a path that
+        does not exist is not a hub name here)."""
         from transformers import AutoTokenizer  # slow import: only where it is needed
 
-        return cls(AutoTokenizer.from_pretrained(path), reasoning)
+        if not Path(path).is_dir():
+            raise CheckpointError(f"tokenizer directory {path} does not exist")
+        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True), reasoning)
 
     def encode_text(self, text: str) -> list[int]:
         """A completions prompt: the tokenizer's own special tokens (BOS) included."""

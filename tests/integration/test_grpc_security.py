@@ -74,12 +74,14 @@ def test_calls_without_the_token_are_unauthenticated_but_health_checks_pass(
     for token in ("", "wrong"):
         with open_channel(f"127.0.0.1:{verifier_port}", GrpcSecurity(token=token)) as channel:
             stub = verifier_pb2_grpc.VerifierStub(channel)
-            for call in (lambda: stub.GetModelInfo(verifier_pb2.ModelInfoRequest(), timeout=5),
-                         lambda: stub.Abort(verifier_pb2.AbortRequest(request_id="x"), timeout=5),
-                         lambda: list(stub.Generate(verifier_pb2.GenerateRequest(
-                             prompt_ids=[5, 6], max_tokens=2), timeout=5))):
+            generate = verifier_pb2.GenerateRequest(prompt_ids=[5, 6], max_tokens=2)
+            calls = [(stub.GetModelInfo, verifier_pb2.ModelInfoRequest()),
+                     (stub.Abort, verifier_pb2.AbortRequest(request_id="x")),
+                     (stub.Generate, generate)]
+            for method, request in calls:
                 with pytest.raises(grpc.RpcError) as info:
-                    call()
+                    list(method(request, timeout=5)) if method is stub.Generate else method(
+                        request, timeout=5)
                 assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with open_channel(f"127.0.0.1:{drafter_port}") as channel:
         # A bidi stream is refused before the client sends anything.

@@ -79,7 +79,8 @@ def test_grpc_token_tls_and_reflection_settings(tmp_path) -> None:  # noqa: ANN0
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("x")
     key.write_text("y")
-    env = {"DDTREE_GRPC_TOKEN": "zz-secret-zz", "DDTREE_TLS_CERT": str(cert), "DDTREE_TLS_KEY": str(key)}
+    env = {"DDTREE_GRPC_TOKEN": "zz-secret-zz", "DDTREE_TLS_CERT": str(cert),
+           "DDTREE_TLS_KEY": str(key)}
     config = verifier_config(["--target", "t", "--mode", "ar", "--no-reflection"], env)
     assert config.security.token == "zz-secret-zz" and config.security.tls_cert == str(cert)
     assert not config.is_reflection and "zz-secret-zz" not in repr(config)
