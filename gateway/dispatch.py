@@ -83,7 +83,7 @@ async def respond(state: GatewayState, plan: Plan, request: Request) -> Response
     plan = replace(plan, client_request_id=str(request.state.request_id))
     runs = [
         ChoiceRun(i, r, state.client, state.encoder.tokenizer, plan.output, state.metrics,
-                  started_at)
+                  started_at, plan.echo_texts[i] if plan.echo_texts else "")
         for i, r in enumerate(plan.requests)
     ]
     formatter = Formatter(plan, state.names)
@@ -109,5 +109,9 @@ async def respond(state: GatewayState, plan: Plan, request: Request) -> Response
         _log(plan, [run.result for run in runs], started_at)
         return [run.result for run in runs]
 
-    body = events(first, stream, formatter, finished, plan.include_usage)
+    def so_far() -> list[ChoiceResult]:
+        return [run.result for run in runs]
+
+    body = events(first, stream, formatter, finished, plan.include_usage,
+                  so_far if plan.include_continuous_usage else None)
     return SSEResponse(body, headers=SSE_HEADERS)

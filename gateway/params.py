@@ -43,7 +43,7 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "web_search_options": ((), "web search is not supported"),
     "store": ((False,), "stored completions are not supported"),
     "service_tier": (("auto", "default"), "service tiers are not supported"),
-    "echo": ((False,), "echo is not supported"),
+    "spaces_between_special_tokens": ((True,), "only the default (true) is supported"),
     "suffix": (("",), "suffix (insertion) is not supported"),
 }
 
@@ -58,6 +58,8 @@ class OutputOptions:
     granularity: Granularity = "round"
     is_logprobs: bool = False
     return_token_ids: bool = False
+    is_echo: bool = False  # completions: the prompt's text (and logprobs) come first
+    is_prompt_only: bool = False  # max_tokens 0 with echo: the generated token is dropped
     is_reasoning: bool = False
     starts_in_reasoning: bool = False
 
@@ -71,6 +73,8 @@ class Plan:
     output: OutputOptions
     is_stream: bool = False
     include_usage: bool = False
+    include_continuous_usage: bool = False  # usage on every chunk (vLLM's extension)
+    echo_texts: tuple[str, ...] = ()  # per choice, with OutputOptions.is_echo
     num_prompt_tokens: int = 0  # over the distinct prompts (n samples share one)
     client_request_id: str = ""  # the client's x-request-id (logged, never sent on)
 
@@ -188,6 +192,7 @@ def _requests(
     prompts: list[list[int]],
     max_tokens: int | None,
     top_logprobs: int,
+    is_prompt_logprobs: bool = False,
 ) -> list[verifier_pb2.GenerateRequest]:
     """One GenerateRequest per choice: prompt p, sample j is choice index p * n + j."""
     num_choices = len(prompts) * body.n
@@ -203,6 +208,7 @@ def _requests(
             ignore_eos=body.ignore_eos,
             logprobs=top_logprobs >= 0,  # -1 here means "no logprobs"
             top_logprobs=max(top_logprobs, 0),
+            prompt_logprobs=is_prompt_logprobs,
         ))
     return requests
 
@@ -224,16 +230,24 @@ def _output(body: SamplingFields, defaults: Defaults, is_logprobs: bool) -> Outp
 def _plan(
     kind: Kind, body: SamplingFields, defaults: Defaults, request_id: str,
     prompts: list[list[int]], max_tokens: int | None, top_logprobs: int, output: OutputOptions,
+    echo_texts: tuple[str, ...] = (),
 ) -> Plan:
+    options = body.stream_options
+    include_usage = options is not None and options.include_usage
     return Plan(
         kind=kind,
         request_id=request_id,
         model=defaults.model,
-        requests=_requests(body, defaults, request_id, prompts, max_tokens, top_logprobs),
+        requests=_requests(body, defaults, request_id, prompts, max_tokens, top_logprobs,
+                           is_prompt_logprobs=output.is_echo and output.is_logprobs),
         output=output,
         is_stream=body.stream,
-        include_usage=body.stream_options is not None and body.stream_options.include_usage,
+        include_usage=include_usage,
+        # As vLLM: continuous usage only together with include_usage.
+        include_continuous_usage=include_usage and options is not None
+        and options.continuous_usage_stats,
         num_prompt_tokens=sum(len(p) for p in prompts),
+        echo_texts=echo_texts,
     )
 
 
@@ -264,11 +278,13 @@ def plan_chat(
     body: ChatCompletionRequest, defaults: Defaults, encoder: PromptEncoder, request_id: str
 ) -> Plan:
     _check_common(body, defaults, 1)
+    if body.echo not in (None, False):
+        raise unsupported("echo", "echo is only supported on /v1/completions")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid_request("top_logprobs requires logprobs to be true", "top_logprobs")
     prompt = encoder.encode_chat(
         _message_dicts(body), body.add_generation_prompt, body.continue_final_message,
-        body.chat_template_kwargs,
+        body.chat_template_kwargs, add_special_tokens=bool(body.add_special_tokens),
     )
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else -1
     output = replace(
@@ -287,29 +303,43 @@ def _num_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
     return len(prompt)
 
 
-def _completion_prompts(body: CompletionRequest, encoder: PromptEncoder) -> list[list[int]]:
-    """`prompt` as a string, strings, token ids or lists of token ids -> token id lists."""
+def _completion_prompts(
+    body: CompletionRequest, encoder: PromptEncoder
+) -> tuple[list[list[int]], list[str]]:
+    """`prompt` as a string, strings, token ids or lists of token ids -> (token id lists,
+    their texts: as given, or decoded for token ids)."""
     prompt = body.prompt
-    prompts: list[list[int]] = []
+    items: list[str | list[int]] = []
     if isinstance(prompt, str):
-        prompts = [encoder.encode_text(prompt)]
+        items = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [[int(t) for t in prompt if isinstance(t, int)]]
+        items = [[int(t) for t in prompt if isinstance(t, int)]]
     else:
-        for p in prompt:
-            prompts.append(encoder.encode_text(p) if isinstance(p, str) else
-                           [int(t) for t in p] if isinstance(p, list) else [])
+        items = [p if isinstance(p, str) else [int(t) for t in p] if isinstance(p, list)
+                 else [] for p in prompt]
+    add_special = body.add_special_tokens is not False  # completions: BOS unless told not
+    prompts = [encoder.encode_text(p, add_special) if isinstance(p, str) else p for p in items]
     if not prompts or any(not p for p in prompts):
         raise invalid_request("the prompt is empty", "prompt")
-    return prompts
+    texts = [p if isinstance(p, str) else encoder.decode(p, body.skip_special_tokens)
+             for p in items] if body.echo else []
+    return prompts, texts
 
 
 def plan_completion(
     body: CompletionRequest, defaults: Defaults, encoder: PromptEncoder, request_id: str
 ) -> Plan:
     _check_common(body, defaults, _num_prompts(body.prompt))
-    prompts = _completion_prompts(body, encoder)
+    if body.max_tokens == 0 and not body.echo:
+        raise invalid_request("max_tokens must be at least 1 (0 only with echo)", "max_tokens")
+    prompts, texts = _completion_prompts(body, encoder)
     top_logprobs = body.logprobs if body.logprobs is not None else -1
-    output = _output(body, defaults, body.logprobs is not None)
-    return _plan("completion", body, defaults, request_id, prompts, body.max_tokens,
-                 top_logprobs, output)
+    is_prompt_only = body.max_tokens == 0
+    output = replace(_output(body, defaults, body.logprobs is not None), is_echo=body.echo,
+                     is_prompt_only=is_prompt_only)
+    # The verifier always generates at least one token: a prompt-only request asks for one
+    # and the gateway drops it.
+    max_tokens = 1 if is_prompt_only else body.max_tokens
+    echo_texts = tuple(texts[i // body.n] for i in range(len(texts) * body.n))
+    return _plan("completion", body, defaults, request_id, prompts, max_tokens, top_logprobs,
+                 output, echo_texts)

@@ -53,9 +53,14 @@ class PromptEncoder:
             raise CheckpointError(f"tokenizer directory {path} does not exist")
         return cls(AutoTokenizer.from_pretrained(path, local_files_only=True), reasoning)
 
-    def encode_text(self, text: str) -> list[int]:
-        """A completions prompt: the tokenizer's own special tokens (BOS) included."""
-        return list(self.tokenizer(text)["input_ids"])
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A completions prompt: the tokenizer's own special tokens (BOS) included unless
+        the request says `add_special_tokens: false`."""
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                         clean_up_tokenization_spaces=False))
 
     def encode_chat(
         self,
@@ -63,6 +68,7 @@ class PromptEncoder:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> ChatPrompt:
         kwargs = dict(template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
@@ -86,7 +92,8 @@ class PromptEncoder:
         except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
             raise invalid_request(f"the chat template rejected the messages: {exc}",
                                   "messages") from exc
-        ids = list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
+        # The template already wrote the special tokens (vLLM's default for chat, too).
+        ids = list(self.tokenizer(str(text), add_special_tokens=add_special_tokens)["input_ids"])
         opened = self.is_reasoning and str(text).rstrip().endswith(THINK_START)
         return ChatPrompt(ids, opened)
 

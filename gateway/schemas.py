@@ -38,6 +38,9 @@ class DDTreeOptions(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    # vLLM's extension (benchmark clients send it): with include_usage, every chunk
+    # carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(Strict):
@@ -58,6 +61,8 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False  # vLLM's extension: token ids on the response
+    add_special_tokens: bool | None = None  # vLLM's: BOS etc. (default: completions yes, chat no)
+    spaces_between_special_tokens: Any = None  # vLLM's; only its default (true) is accepted
     ddtree: DDTreeOptions | None = None
     user: str | None = None  # metadata only
     # Declared only to be rejected with a reason unless neutral (see gateway/params.py).
@@ -115,6 +120,8 @@ TokenIds = list[NonNegInt]
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
+    # 0 only with echo: score the prompt, generate nothing (evaluation harnesses).
+    max_tokens: NonNegInt | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: Any = None
+    echo: bool = False  # the prompt (and with logprobs its logprobs) before the completion
     suffix: Any = None
