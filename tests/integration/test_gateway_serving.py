@@ -6,6 +6,7 @@ client that leaves is handled without an error."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 from ddtree.v1 import verifier_pb2
 from tests.integration.conftest import (
     MAX_SESSIONS,
+    REPO,
     RPC_TIMEOUT_S,
     Verifier,
     gateway_config,
@@ -152,3 +154,15 @@ def test_a_non_streaming_client_that_leaves_is_aborted_without_an_error(
     logs = out.out + out.err
     assert "client_disconnected" in logs
     assert "InvalidStateError" not in logs and "Traceback" not in logs
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_gateway_exports(gateway: str) -> None:
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {n for q in queries for n in re.findall(r"\b((?:vllm|ddtree):[a-z_]+)", q)}
+    assert len(names) >= 15
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0) as client:
+        client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0)
+    text = httpx.get(f"{gateway}/metrics", timeout=10).text
+    missing = sorted(n for n in names if n not in text)
+    assert not missing, missing
