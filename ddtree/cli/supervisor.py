@@ -27,6 +27,7 @@ MIN_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0
 # A child up this long has recovered: its next death restarts it at MIN_BACKOFF_S again.
 STABLE_AFTER_S = 60.0
 POLL_S = 0.2  # health endpoints answer at once; this paces the loop
+NOTE_EVERY_S = 30.0  # while a child is slow to start, say so this often
 
 
 class ChildDied(DDTreeError):
@@ -109,8 +110,12 @@ class Supervisor:
 
     def _wait_first_ready(self, child: Child) -> None:
         assert child.process is not None
-        deadline = time.monotonic() + self.startup_timeout_s
+        started = time.monotonic()
+        deadline, next_note = started + self.startup_timeout_s, started + NOTE_EVERY_S
         while not self.stop.is_set() and not child.is_ready():
+            if time.monotonic() > next_note:
+                say(f"waiting for {child.name} to be healthy ({time.monotonic() - started:.0f} s)")
+                next_note += NOTE_EVERY_S
             if child.process.poll() is not None:
                 raise ChildDied(f"{child.name} exited with code {child.process.returncode} "
                                 "while starting")

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -18,7 +19,7 @@ from ddtree.service import GrpcSecurity, open_channel
 from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from drafter_svc.config import DrafterServiceConfig
 from drafter_svc.server import build_server as build_drafter
-from tests.integration.conftest import RPC_TIMEOUT_S
+from tests.integration.conftest import RPC_TIMEOUT_S, gateway_config, running_gateway
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.server import build_server as build_verifier
 
@@ -148,3 +149,27 @@ def test_reflection_is_on_by_default_and_can_be_switched_off(tiny_pair: Path) ->
     finally:
         on.stop(None)
         off.stop(None)
+
+
+def test_the_gateway_carries_the_token_and_speaks_tls_to_the_verifier(
+    tiny_pair: Path, pki: dict[str, str]
+) -> None:
+    config = VerifierServiceConfig(
+        target=str(tiny_pair / "target"), host="127.0.0.1", port=0, device="cpu",
+        dtype="float32", mode="ar", grpc_token=TOKEN, tls_cert=pki["server.pem"],
+        tls_key=pki["server.key"])
+    verifier, port = build_verifier(config)
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0}
+    try:
+        secure = gateway_config(tiny_pair, port, grpc_token=TOKEN, tls_ca=pki["ca.pem"])
+        with running_gateway(secure) as url:
+            assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+        tokenless = gateway_config(tiny_pair, port, tls_ca=pki["ca.pem"])
+        with running_gateway(tokenless) as url:
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 500 and TOKEN not in reply.text
+            assert httpx.get(f"{url}/health", timeout=30).status_code == 503
+    finally:
+        verifier.stop(None)

@@ -58,7 +58,11 @@ class Serve:
     def wait_for(self, text: str) -> None:
         """Reads output until a line contains `text` (recording the children it reports)."""
         while True:
-            line = self.lines.get(timeout=STARTUP_TIMEOUT_S)
+            try:
+                line = self.lines.get(timeout=STARTUP_TIMEOUT_S)
+            except queue.Empty:
+                raise AssertionError(f"no output for {STARTUP_TIMEOUT_S:.0f} s before "
+                                     f"{text!r}:\n{''.join(self.output[-40:])}") from None
             assert line is not None, (f"ddtree serve exited ({self.process.wait()}) before "
                                       f"{text!r}:\n{''.join(self.output[-40:])}")
             if match := READY.search(line):
