@@ -2,11 +2,16 @@
 healthy, then restarts any that dies (exponential backoff, reset once it has stayed up),
 until SIGINT / SIGTERM; then stops them in reverse order. Children run in sessions of
 their own (a terminal's Ctrl-C reaches only the supervisor, which stops them in order)
-and die with the supervisor even if it is killed (PR_SET_PDEATHSIG on Linux)."""
+and die with the supervisor even if it is killed (PR_SET_PDEATHSIG on Linux).
+
+No Python runs between fork and exec (no `preexec_fn`): the supervisor has gRPC threads
+(its health checks), and a forked child that runs Python code while another thread held
+a lock at the fork can hang before it ever execs. The death signal is set instead by a
+short Python prologue in the child (`_GUARD`), which then execs the real command.
+"""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -49,10 +54,17 @@ class Child:
     num_restarts: int = 0
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the supervisor dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+# argv: parent pid, then the command. PR_SET_PDEATHSIG (1) survives exec; the parent-pid
+# check closes the race of a supervisor that died before the prctl.
+_GUARD = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+          "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """`argv`, run so that it gets SIGTERM when this process dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", _GUARD, str(os.getpid()), *argv]
 
 
 def say(message: str) -> None:
@@ -103,8 +115,8 @@ class Supervisor:
                 signal.signal(sig, old)
 
     def _start(self, child: Child) -> None:
-        child.process = subprocess.Popen(child.argv, env=dict(self.env), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+        child.process = subprocess.Popen(guarded(child.argv), env=dict(self.env),
+                                         start_new_session=True)
         child.state, child.started_at = "starting", time.monotonic()
         self._write_pid(child.name, child.process.pid)
 
