@@ -11,6 +11,7 @@ import uvicorn
 from ddtree.service import configure_logging
 from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.limits import with_header_timeout
 from gateway.verifier_client import VerifierClient
 
 # Streams still running at shutdown get this long before they are cut.
@@ -20,15 +21,13 @@ SHUTDOWN_GRACE_S = 10
 def main() -> int:
     config = parse_config(sys.argv[1:], os.environ)
     configure_logging(config.log_level)
-    client = VerifierClient(
-        config.verifier_addr, config.request_timeout_s, config.rpc_timeout_s,
-        config.retry_attempts,
-    )
+    client = VerifierClient.from_config(config)
     app = create_app(config, client)
     uvicorn.run(
         app,
         host=config.host,
         port=config.port,
+        http=with_header_timeout(config.header_timeout_s),
         log_level=config.log_level,
         log_config=None,  # uvicorn's records go through our JSON logging
         access_log=False,  # one structured line per request comes from the gateway itself

@@ -1,5 +1,5 @@
-"""The FastAPI app: routes, the one error mapping, the x-request-id middleware, and the
-verifier channel opened and closed with the app's lifespan."""
+"""The FastAPI app: routes, the one error mapping, the middlewares (x-request-id, errors,
+API key, body limits) and the verifier channel opened and closed with the app's lifespan."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import structlog
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.auth import APIKeyMiddleware
 from gateway.config import GatewayConfig
-from gateway.errors import install_handlers
+from gateway.errors import CatchAllMiddleware, install_handlers
+from gateway.limits import BodyLimitMiddleware
 from gateway.logprobs import TokenNames
 from gateway.metrics import Metrics
 from gateway.params import Defaults
@@ -26,13 +28,15 @@ from gateway.verifier_client import VerifierClient
 
 log = structlog.get_logger("gateway")
 
-# A client's id is echoed and sent to the verifier; anything else gets a fresh one.
+# A client's printable id is echoed (and logged); anything else gets a fresh one.
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 class RequestIdMiddleware:
-    """Takes `x-request-id` from the request (or makes one), puts it in `request.state`
-    and echoes it on every response, errors included."""
+    """Takes `x-request-id` from the request (or makes one) and echoes it on every
+    response, errors included. Inside ddtree every request gets its own unguessable id
+    (`internal_id`, uuid4): a client's id never names a verifier generation, so no client
+    can abort another's."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -42,8 +46,9 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        internal_id = uuid.uuid4().hex
+        request_id = given if _REQUEST_ID.match(given) else internal_id
+        scope.setdefault("state", {}).update(request_id=request_id, internal_id=internal_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -80,11 +85,18 @@ def create_app(
                  reasoning=state.encoder.is_reasoning)
         yield
         await verifier_client.close()
+        state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ddtree gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = state
     for module in (chat, completions, models, health):
         app.include_router(module.router)
     install_handlers(app)
+    # Outermost last: ids on every reply, then errors, the API key, the body limits.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes,
+                       timeout_s=config.body_timeout_s)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(CatchAllMiddleware)
     app.add_middleware(RequestIdMiddleware)
     return app

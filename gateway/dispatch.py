@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import structlog
@@ -43,9 +44,14 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watch.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled() and watch.done():
+            # A cancel is only a request: wait until the work has unwound (its generations
+            # aborted) before looking at it, or its state is not final yet.
+            await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is None:
+        return task.result()
+    if watch.done() and not watch.cancelled():
         raise ClientDisconnected()
-    return task.result()
+    return task.result()  # the work's own error (or cancellation) propagates
 
 
 async def _collect(runs: Sequence[ChoiceRun]) -> list[ChoiceResult]:
@@ -61,6 +67,7 @@ def _log(plan: Plan, results: Sequence[ChoiceResult], started_at: float) -> None
     log.info(
         "request_finished",
         request_id=plan.request_id,
+        x_request_id=plan.client_request_id,
         kind=plan.kind,
         is_stream=plan.is_stream,
         num_choices=len(results),
@@ -73,9 +80,10 @@ def _log(plan: Plan, results: Sequence[ChoiceResult], started_at: float) -> None
 
 async def respond(state: GatewayState, plan: Plan, request: Request) -> Response:
     started_at = time.perf_counter()
+    plan = replace(plan, client_request_id=str(request.state.request_id))
     runs = [
         ChoiceRun(i, r, state.client, state.encoder.tokenizer, plan.output, state.metrics,
-                  started_at)
+                  started_at, plan.echo_texts[i] if plan.echo_texts else "")
         for i, r in enumerate(plan.requests)
     ]
     formatter = Formatter(plan, state.names)
@@ -91,7 +99,8 @@ async def respond(state: GatewayState, plan: Plan, request: Request) -> Response
             await stream.aclose()
             raise
     except ClientDisconnected:
-        log.info("client_disconnected", request_id=plan.request_id)
+        log.info("client_disconnected", request_id=plan.request_id,
+                 x_request_id=plan.client_request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     except StopAsyncIteration as exc:
         raise APIError(502, "the verifier ended the generation without a result") from exc
@@ -100,5 +109,9 @@ async def respond(state: GatewayState, plan: Plan, request: Request) -> Response
         _log(plan, [run.result for run in runs], started_at)
         return [run.result for run in runs]
 
-    body = events(first, stream, formatter, finished, plan.include_usage)
+    def so_far() -> list[ChoiceResult]:
+        return [run.result for run in runs]
+
+    body = events(first, stream, formatter, finished, plan.include_usage,
+                  so_far if plan.include_continuous_usage else None)
     return SSEResponse(body, headers=SSE_HEADERS)

@@ -36,8 +36,12 @@ class ChoiceDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[verifier_pb2.TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    # Leading `logprobs` entries that carry no logprob: an echoed prompt's first token.
+    num_unscored: int = 0
 
     def extend(self, other: ChoiceDelta) -> None:
+        if not self.logprobs:
+            self.num_unscored = other.num_unscored
         self.content += other.content
         self.reasoning += other.reasoning
         self.token_ids += other.token_ids
@@ -63,9 +67,11 @@ class ChoiceRun:
         output: OutputOptions,
         metrics: Metrics,
         started_at: float,
+        echo_text: str = "",
     ) -> None:
         self.request, self.client, self.output = request, client, output
         self.metrics, self.started_at = metrics, started_at
+        self.echo_text: str | None = echo_text if output.is_echo else None  # None: sent
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, request.prompt_ids, output.skip_special_tokens
         )
@@ -78,13 +84,17 @@ class ChoiceRun:
         self._last_at: float | None = None
         self._gaps: list[tuple[float, int]] = []
         self._ttft_s: float | None = None
+        # The verifier took the request (its first message came): only then does it count
+        # as processed; a refusal is counted apart (gateway/errors.py).
+        self.is_admitted = False
 
     async def deltas(self) -> AsyncGenerator[ChoiceDelta, None]:
         """The choice's events until it finishes; closing early aborts the generation."""
-        self.metrics.running.labels(self.metrics.model_name).inc()
+        self.metrics.in_flight.labels(self.metrics.model_name).inc()
         try:
             async with aclosing(self.client.generate(self.request)) as messages:
                 async for message in messages:
+                    self.is_admitted = True
                     self._time(len(message.token_ids))
                     for delta in self.consume(message):
                         yield delta
@@ -95,19 +105,37 @@ class ChoiceRun:
                 else:
                     raise APIError(502, "the verifier's stream ended without a finish reason")
         finally:
-            self.metrics.running.labels(self.metrics.model_name).dec()
-            self._record()
+            self.metrics.in_flight.labels(self.metrics.model_name).dec()
+            if self.is_admitted:
+                self._record()
 
     async def collect(self) -> ChoiceResult:
         async for _ in self.deltas():
             pass
         return self.result
 
+    def _echo(self, message: verifier_pb2.GenerateResponse) -> ChoiceDelta:
+        """The prompt itself, first (completions' `echo`); with logprobs the target's
+        logprob of each prompt token, none for the first."""
+        delta = ChoiceDelta(self.result.index, content=self.echo_text or "")
+        self.echo_text = None
+        if self.output.is_logprobs and self.request.prompt_ids:
+            first = verifier_pb2.TokenLogprob(token_id=self.request.prompt_ids[0])
+            delta.logprobs = [first, *message.prompt_logprobs]
+            delta.num_unscored = 1
+        return delta
+
     def consume(self, message: verifier_pb2.GenerateResponse) -> list[ChoiceDelta]:
         """One verifier message -> one delta per token (the caller may merge them)."""
         index, deltas = self.result.index, []
+        if self.echo_text is not None:
+            deltas.append(self._echo(message))
         if message.acceptance_length:  # a verify round (the prefill's message has none)
             self.rounds.append((message.acceptance_length, message.num_drafted_nodes))
+        if self.output.is_prompt_only:  # max_tokens 0: the one token asked for is dropped
+            delta = deltas[0] if deltas else ChoiceDelta(index)
+            delta.finish_reason = "length"
+            return self._accumulate([delta])
         for i, token in enumerate(message.token_ids):
             text, is_stop = self.stops.feed(self.detokenizer.push([token]))
             delta = ChoiceDelta(index, token_ids=[token], logprobs=list(message.logprobs[i:i + 1]))
@@ -118,7 +146,7 @@ class ChoiceRun:
                 delta.finish_reason = "stop"
                 return self._granular(self._accumulate(deltas))
         if message.finish_reason:
-            last = ChoiceDelta(index) if not deltas else deltas[-1]
+            last = deltas[-1] if deltas else ChoiceDelta(index)
             if not deltas:
                 deltas.append(last)
             text, is_stop = self.stops.feed(self.detokenizer.flush())

@@ -87,13 +87,21 @@ class CompletionLogprobs:
         self.names = names
         self.offset = 0
 
-    def __call__(self, entries: Sequence[verifier_pb2.TokenLogprob]) -> dict[str, Any]:
-        tokens, values, tops, offsets = [], [], [], []
-        for entry in entries:
+    def __call__(self, entries: Sequence[verifier_pb2.TokenLogprob],
+                 num_unscored: int = 0) -> dict[str, Any]:
+        """`num_unscored`: leading entries without a logprob (an echoed prompt's first
+        token): null in both lists, as OpenAI writes it."""
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for i, entry in enumerate(entries):
             text, _ = self.names(entry.token_id)
             tokens.append(text)
-            values.append(_clamp(entry.logprob))
-            tops.append({self.names(a.token_id)[0]: _clamp(a.logprob) for a in entry.top})
+            is_scored = i >= num_unscored
+            values.append(_clamp(entry.logprob) if is_scored else None)
+            tops.append({self.names(a.token_id)[0]: _clamp(a.logprob) for a in entry.top}
+                        if is_scored else None)
             offsets.append(self.offset)
             self.offset += len(text)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,

@@ -1,24 +1,117 @@
 """Prometheus metrics named like the engines users already scrape: vLLM's spec-decode
 counters, SGLang's accept-length gauge, and latency histograms (TTFT, inter-token,
-end-to-end, per-stage round time). Everything is fed from the gateway's side of the wire
-(per-request SpecStats arrive with the last message), so none of it touches the decode loop.
+end-to-end, per-stage round time). Per-request figures are fed from the gateway's side of
+the wire (per-request SpecStats arrive with the last message), so none of it touches the
+decode loop; the engine's load (running, waiting, KV usage, batch sizes) is the verifier's
+GetStats, read at scrape time.
+
+Every family is exposed as `ddtree:<name>` and, where vLLM has the same metric, ALSO under
+vLLM's name and labels (`vllm:<name>{model_name=...}`), so dashboards and alerts built for
+vLLM work unchanged (docs/operations.md, docs/grafana-dashboard.json).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
-from ddtree.v1 import common_pb2
+from ddtree.v1 import common_pb2, verifier_pb2
 
 PREFIX = "ddtree:"
+VLLM_PREFIX = "vllm:"
+# Our families that vLLM exposes with the same meaning, type and labels.
+VLLM_ALIASES = frozenset({
+    "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+    "prompt_tokens", "generation_tokens", "request_success", "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "spec_decode_num_accepted_tokens_per_pos", "num_requests_running", "num_requests_waiting",
+    "kv_cache_usage_perc",
+})
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
                     0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 _STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                   0.25, 0.5, 1.0, 2.5)
 # The accept-length gauge averages over this many recent requests.
 NUM_RECENT_REQUESTS = 64
+
+
+def vllm_alias(metric: Metric) -> Metric:
+    """The same family under vLLM's name."""
+    name = VLLM_PREFIX + metric.name[len(PREFIX):]
+    alias = Metric(name, metric.documentation, metric.type, metric.unit)
+    alias.samples = [s._replace(name=VLLM_PREFIX + s.name[len(PREFIX):]) for s in metric.samples]
+    return alias
+
+
+def engine_families(model: str, stats: verifier_pb2.EngineStats) -> Iterator[Metric]:
+    """The verifier's GetStats as gauges, counters and the batch-size histogram."""
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        return family
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        return family
+
+    yield gauge("num_requests_running", "Generations decoding in the engine.", stats.num_running)
+    yield gauge("num_requests_waiting", "Generations queued for a KV slot.", stats.num_waiting)
+    yield gauge("kv_cache_usage_perc", "Fraction of the KV pool in use (1 = full).",
+                stats.kv_usage)
+    yield gauge("num_open_sessions", "OpenSession (Verify client) sessions holding a KV slot.",
+                stats.num_open_sessions)
+    yield gauge("max_num_seqs", "KV slots in the pool.", stats.max_num_seqs)
+    yield gauge("max_queue", "Queue limit (0 = none).", stats.max_queue)
+    yield counter("engine_rounds", "Engine steps that ran a decoding target forward.",
+                  stats.num_rounds)
+    yield counter("engine_target_forwards", "Target forwards of any kind (prefill included).",
+                  stats.num_target_forwards)
+    yield counter("expired_sessions", "OpenSession sessions closed by the idle timeout.",
+                  stats.num_expired_sessions)
+    yield counter("engine_rejected", "Requests the engine refused (queue full, invalid).",
+                  stats.num_rejected)
+    counts = list(stats.batch_size_histogram)  # index = rows in the round's target forward
+    buckets, total = [], 0
+    for size, count in enumerate(counts):
+        total += count
+        buckets.append((str(float(size)), total))
+    family = HistogramMetricFamily(PREFIX + "batch_size", "Generations per decoding target "
+                                   "forward.", labels=["model_name"])
+    family.add_metric([model], [*buckets, ("+Inf", total)],
+                      sum_value=sum(i * c for i, c in enumerate(counts)))
+    yield family
+
+
+class _Exposition(Collector):
+    """What /metrics shows: the gateway's own families, the engine's snapshot (set right
+    before each render), each with its vLLM alias where one exists."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.snapshot: verifier_pb2.EngineStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        families = list(self.metrics.registry.collect())
+        up = GaugeMetricFamily(PREFIX + "verifier_up", "1 when the verifier answered GetStats "
+                               "at this scrape.", labels=["model_name"])
+        up.add_metric([self.metrics.model_name], float(self.snapshot is not None))
+        families.append(up)
+        if self.snapshot is not None:
+            families += engine_families(self.metrics.model_name, self.snapshot)
+        for family in families:
+            yield family
+            if family.name[len(PREFIX):] in VLLM_ALIASES:
+                yield vllm_alias(family)
 
 
 class Metrics:
@@ -59,16 +152,32 @@ class Metrics:
         self.stage = histogram("spec_round_stage_seconds",
                                "Mean time per verify round in each stage of a request "
                                "(prefill: once per request).", _STAGE_BUCKETS, ("stage",))
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Completion tokens returned.")
-        self.request_success = counter("request_success", "Finished choices.",
+        self.request_success = counter("request_success", "Finished choices (abort: the "
+                                       "client left or the stream failed after it started).",
                                        ("finished_reason",))
-        self.running = Gauge(PREFIX + "num_requests_running", "Generations in flight.",
-                             labels, registry=self.registry)
+        self.request_rejected = counter("request_rejected", "Requests answered with an error "
+                                        "before any token (never counted as finished).",
+                                        ("status",))
+        self.in_flight = Gauge(PREFIX + "gateway_requests_in_flight",
+                               "Generations the gateway is streaming.", labels,
+                               registry=self.registry)
         self._recent: deque[tuple[int, int]] = deque(maxlen=NUM_RECENT_REQUESTS)
+        self._exposition = _Exposition(self)
+        self._export = CollectorRegistry()
+        self._export.register(self._exposition)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, engine: verifier_pb2.EngineStats | None = None) -> bytes:
+        """The exposition text; `engine`: the verifier's GetStats of this scrape."""
+        self._exposition.snapshot = engine  # no await between this and the render
+        try:
+            return generate_latest(self._export)
+        finally:
+            self._exposition.snapshot = None
+
+    def observe_rejected(self, status: int) -> None:
+        self.request_rejected.labels(self.model_name, str(status)).inc()
 
     def observe_tokens(self, ttft_s: float | None, gaps: list[tuple[float, int]]) -> None:
         """`gaps`: (seconds since the previous message, tokens in it) after the first."""
@@ -81,6 +190,7 @@ class Metrics:
 
     def observe_choice(self, finish_reason: str, num_prompt_tokens: int,
                        num_completion_tokens: int, e2e_s: float) -> None:
+        """A choice the verifier admitted (its prefill ran), finished or not."""
         model = self.model_name
         self.request_success.labels(model, finish_reason or "abort").inc()
         self.prompt_tokens.labels(model).inc(num_prompt_tokens)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from ddtree.v1 import common_pb2, verifier_pb2
 from gateway.config import Granularity
-from gateway.errors import invalid_request, model_not_found, unsupported
+from gateway.errors import APIError, invalid_request, model_not_found, unsupported
 from gateway.prompts import PromptEncoder
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -43,7 +43,7 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "web_search_options": ((), "web search is not supported"),
     "store": ((False,), "stored completions are not supported"),
     "service_tier": (("auto", "default"), "service tiers are not supported"),
-    "echo": ((False,), "echo is not supported"),
+    "spaces_between_special_tokens": ((True,), "only the default (true) is supported"),
     "suffix": (("",), "suffix (insertion) is not supported"),
 }
 
@@ -58,6 +58,8 @@ class OutputOptions:
     granularity: Granularity = "round"
     is_logprobs: bool = False
     return_token_ids: bool = False
+    is_echo: bool = False  # completions: the prompt's text (and logprobs) come first
+    is_prompt_only: bool = False  # max_tokens 0 with echo: the generated token is dropped
     is_reasoning: bool = False
     starts_in_reasoning: bool = False
 
@@ -71,7 +73,10 @@ class Plan:
     output: OutputOptions
     is_stream: bool = False
     include_usage: bool = False
+    include_continuous_usage: bool = False  # usage on every chunk (vLLM's extension)
+    echo_texts: tuple[str, ...] = ()  # per choice, with OutputOptions.is_echo
     num_prompt_tokens: int = 0  # over the distinct prompts (n samples share one)
+    client_request_id: str = ""  # the client's x-request-id (logged, never sent on)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,45 @@ class Defaults:
     max_n: int
 
 
+def check_unicode(value: Any, param: str = "") -> None:
+    """400 naming the first string that is not valid Unicode (a lone surrogate such as
+    "\\ud800" parses as JSON but cannot be tokenized or sent back)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise invalid_request(
+                f"Invalid value for '{param}': it is not valid Unicode text (a lone surrogate "
+                f"at character {exc.start})", param or None) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, param)
+            check_unicode(item, f"{param}.{key}" if param else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{param}[{i}]")
+
+
+def check_context_length(plan: Plan, info: verifier_pb2.ModelInfo | None) -> None:
+    """Prompt (+ max_tokens) against the model length, before anything reaches the verifier
+    (which checks again; `info` None = the verifier is not reachable yet)."""
+    if info is None or info.max_model_len <= 0:
+        return
+    limit = info.max_model_len
+    prompt_param = "messages" if plan.kind == "chat" else "prompt"
+    for request in plan.requests:
+        num_prompt, num_new = len(request.prompt_ids), request.max_tokens
+        if num_prompt >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; the "
+                                f"prompt has {num_prompt} tokens.", prompt_param,
+                           "context_length_exceeded")
+        if num_prompt + num_new > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; you "
+                                f"requested {num_prompt + num_new} ({num_prompt} in the prompt, "
+                                f"{num_new} to generate).", "max_tokens",
+                           "context_length_exceeded")
+
+
 def check_supported(body: SamplingFields) -> None:
     for name in sorted(body.model_fields_set & _NEUTRAL.keys()):
         value = getattr(body, name)
@@ -93,6 +137,7 @@ def check_supported(body: SamplingFields) -> None:
 
 
 def _check_common(body: SamplingFields, defaults: Defaults, num_prompts: int) -> None:
+    check_unicode(body.model_dump(exclude_unset=True))
     if body.model is not None and body.model != defaults.model:
         raise model_not_found(body.model)
     check_supported(body)
@@ -147,6 +192,7 @@ def _requests(
     prompts: list[list[int]],
     max_tokens: int | None,
     top_logprobs: int,
+    is_prompt_logprobs: bool = False,
 ) -> list[verifier_pb2.GenerateRequest]:
     """One GenerateRequest per choice: prompt p, sample j is choice index p * n + j."""
     num_choices = len(prompts) * body.n
@@ -162,6 +208,7 @@ def _requests(
             ignore_eos=body.ignore_eos,
             logprobs=top_logprobs >= 0,  # -1 here means "no logprobs"
             top_logprobs=max(top_logprobs, 0),
+            prompt_logprobs=is_prompt_logprobs,
         ))
     return requests
 
@@ -183,16 +230,24 @@ def _output(body: SamplingFields, defaults: Defaults, is_logprobs: bool) -> Outp
 def _plan(
     kind: Kind, body: SamplingFields, defaults: Defaults, request_id: str,
     prompts: list[list[int]], max_tokens: int | None, top_logprobs: int, output: OutputOptions,
+    echo_texts: tuple[str, ...] = (),
 ) -> Plan:
+    options = body.stream_options
+    include_usage = options is not None and options.include_usage
     return Plan(
         kind=kind,
         request_id=request_id,
         model=defaults.model,
-        requests=_requests(body, defaults, request_id, prompts, max_tokens, top_logprobs),
+        requests=_requests(body, defaults, request_id, prompts, max_tokens, top_logprobs,
+                           is_prompt_logprobs=output.is_echo and output.is_logprobs),
         output=output,
         is_stream=body.stream,
-        include_usage=body.stream_options is not None and body.stream_options.include_usage,
+        include_usage=include_usage,
+        # As vLLM: continuous usage only together with include_usage.
+        include_continuous_usage=include_usage and options is not None
+        and options.continuous_usage_stats,
         num_prompt_tokens=sum(len(p) for p in prompts),
+        echo_texts=echo_texts,
     )
 
 
@@ -223,11 +278,13 @@ def plan_chat(
     body: ChatCompletionRequest, defaults: Defaults, encoder: PromptEncoder, request_id: str
 ) -> Plan:
     _check_common(body, defaults, 1)
+    if body.echo not in (None, False):
+        raise unsupported("echo", "echo is only supported on /v1/completions")
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid_request("top_logprobs requires logprobs to be true", "top_logprobs")
     prompt = encoder.encode_chat(
         _message_dicts(body), body.add_generation_prompt, body.continue_final_message,
-        body.chat_template_kwargs,
+        body.chat_template_kwargs, add_special_tokens=bool(body.add_special_tokens),
     )
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else -1
     output = replace(
@@ -246,29 +303,43 @@ def _num_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
     return len(prompt)
 
 
-def _completion_prompts(body: CompletionRequest, encoder: PromptEncoder) -> list[list[int]]:
-    """`prompt` as a string, strings, token ids or lists of token ids -> token id lists."""
+def _completion_prompts(
+    body: CompletionRequest, encoder: PromptEncoder
+) -> tuple[list[list[int]], list[str]]:
+    """`prompt` as a string, strings, token ids or lists of token ids -> (token id lists,
+    their texts: as given, or decoded for token ids)."""
     prompt = body.prompt
-    prompts: list[list[int]] = []
+    items: list[str | list[int]] = []
     if isinstance(prompt, str):
-        prompts = [encoder.encode_text(prompt)]
+        items = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [[int(t) for t in prompt if isinstance(t, int)]]
+        items = [[int(t) for t in prompt if isinstance(t, int)]]
     else:
-        for p in prompt:
-            prompts.append(encoder.encode_text(p) if isinstance(p, str) else
-                           [int(t) for t in p] if isinstance(p, list) else [])
+        items = [p if isinstance(p, str) else [int(t) for t in p] if isinstance(p, list)
+                 else [] for p in prompt]
+    add_special = body.add_special_tokens is not False  # completions: BOS unless told not
+    prompts = [encoder.encode_text(p, add_special) if isinstance(p, str) else p for p in items]
     if not prompts or any(not p for p in prompts):
         raise invalid_request("the prompt is empty", "prompt")
-    return prompts
+    texts = [p if isinstance(p, str) else encoder.decode(p, body.skip_special_tokens)
+             for p in items] if body.echo else []
+    return prompts, texts
 
 
 def plan_completion(
     body: CompletionRequest, defaults: Defaults, encoder: PromptEncoder, request_id: str
 ) -> Plan:
     _check_common(body, defaults, _num_prompts(body.prompt))
-    prompts = _completion_prompts(body, encoder)
+    if body.max_tokens == 0 and not body.echo:
+        raise invalid_request("max_tokens must be at least 1 (0 only with echo)", "max_tokens")
+    prompts, texts = _completion_prompts(body, encoder)
     top_logprobs = body.logprobs if body.logprobs is not None else -1
-    output = _output(body, defaults, body.logprobs is not None)
-    return _plan("completion", body, defaults, request_id, prompts, body.max_tokens,
-                 top_logprobs, output)
+    is_prompt_only = body.max_tokens == 0
+    output = replace(_output(body, defaults, body.logprobs is not None), is_echo=body.echo,
+                     is_prompt_only=is_prompt_only)
+    # The verifier always generates at least one token: a prompt-only request asks for one
+    # and the gateway drops it.
+    max_tokens = 1 if is_prompt_only else body.max_tokens
+    echo_texts = tuple(texts[i // body.n] for i in range(len(texts) * body.n))
+    return _plan("completion", body, defaults, request_id, prompts, max_tokens, top_logprobs,
+                 output, echo_texts)

@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+from ddtree.errors import CheckpointError
 from gateway.config import ReasoningSetting
 from gateway.errors import invalid_request
 from gateway.reasoning import THINK_END, THINK_START
@@ -44,13 +45,22 @@ class PromptEncoder:
 
     @classmethod
     def load(cls, path: str, reasoning: ReasoningSetting = "auto") -> PromptEncoder:
+        """The tokenizer of a local checkpoint directory; never a download (a path that
+        does not exist is not a hub name here)."""
         from transformers import AutoTokenizer  # slow import: only where it is needed
 
-        return cls(AutoTokenizer.from_pretrained(path), reasoning)
+        if not Path(path).is_dir():
+            raise CheckpointError(f"tokenizer directory {path} does not exist")
+        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True), reasoning)
 
-    def encode_text(self, text: str) -> list[int]:
-        """A completions prompt: the tokenizer's own special tokens (BOS) included."""
-        return list(self.tokenizer(text)["input_ids"])
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A completions prompt: the tokenizer's own special tokens (BOS) included unless
+        the request says `add_special_tokens: false`."""
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                         clean_up_tokenization_spaces=False))
 
     def encode_chat(
         self,
@@ -58,6 +68,7 @@ class PromptEncoder:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> ChatPrompt:
         kwargs = dict(template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
@@ -81,7 +92,8 @@ class PromptEncoder:
         except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
             raise invalid_request(f"the chat template rejected the messages: {exc}",
                                   "messages") from exc
-        ids = list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
+        # The template already wrote the special tokens (vLLM's default for chat, too).
+        ids = list(self.tokenizer(str(text), add_special_tokens=add_special_tokens)["input_ids"])
         opened = self.is_reasoning and str(text).rstrip().endswith(THINK_START)
         return ChatPrompt(ids, opened)
 

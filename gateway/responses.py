@@ -68,7 +68,7 @@ class Formatter:
             return None
         if self.plan.kind == "chat":
             return chat_logprobs(delta.logprobs, self.names)
-        return self._offsets[delta.index](delta.logprobs)
+        return self._offsets[delta.index](delta.logprobs, delta.num_unscored)
 
     def _choice(self, delta: ChoiceDelta, is_stream: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": delta.index}
@@ -93,9 +93,14 @@ class Formatter:
         self._started.add(delta.index)
         return choice
 
-    def chunk(self, delta: ChoiceDelta) -> dict[str, Any]:
+    def chunk(self, delta: ChoiceDelta,
+              so_far: Sequence[ChoiceResult] | None = None) -> dict[str, Any]:
+        """One streamed chunk; `so_far` (continuous usage stats): the usage until now."""
         obj = "chat.completion.chunk" if self.plan.kind == "chat" else "text_completion"
-        return self._envelope(obj, [self._choice(delta, is_stream=True)])
+        body = self._envelope(obj, [self._choice(delta, is_stream=True)])
+        if so_far is not None:
+            body["usage"] = usage(self.plan, so_far)
+        return body
 
     def usage_chunk(self, results: Sequence[ChoiceResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.plan.kind == "chat" else "text_completion"

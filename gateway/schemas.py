@@ -15,7 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.config import Granularity
 
 Mode = Literal["ar", "linear", "tree", "shadow"]
-NonNegInt = Annotated[int, Field(ge=0)]
+# The wire's int32 fields (token ids, max_tokens, budgets) end at 2^31 - 1: a larger value
+# is a 400 naming its parameter, never an overflow inside the gateway.
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+NonNegInt = Annotated[int, Field(ge=0, le=INT32_MAX)]
+PositiveInt = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 
 class Strict(BaseModel):
@@ -26,25 +31,28 @@ class DDTreeOptions(Strict):
     """The per-request extension `ddtree: {...}`: speculation and streaming knobs."""
 
     mode: Mode | None = None  # None = the verifier's default
-    budget: Annotated[int, Field(ge=1)] | None = None
-    max_topk: Annotated[int, Field(ge=1)] | None = None
+    budget: PositiveInt | None = None
+    max_topk: PositiveInt | None = None
     stream_granularity: Granularity | None = None  # None = the gateway's default
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    # vLLM's extension (benchmark clients send it): with include_usage, every chunk
+    # carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(Strict):
     """What chat and completions requests share."""
 
     model: str | None = None  # None = the one served model
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: PositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 and 0 both mean off
-    seed: NonNegInt | None = None
-    n: Annotated[int, Field(ge=1)] = 1
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # -1 and 0: off
+    seed: Annotated[int, Field(ge=0, le=UINT64_MAX)] | None = None
+    n: PositiveInt = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[NonNegInt] | None = None
     ignore_eos: bool = False
@@ -53,6 +61,8 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False  # vLLM's extension: token ids on the response
+    add_special_tokens: bool | None = None  # vLLM's: BOS etc. (default: completions yes, chat no)
+    spaces_between_special_tokens: Any = None  # vLLM's; only its default (true) is accepted
     ddtree: DDTreeOptions | None = None
     user: str | None = None  # metadata only
     # Declared only to be rejected with a reason unless neutral (see gateway/params.py).
@@ -82,7 +92,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -110,6 +120,8 @@ TokenIds = list[NonNegInt]
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
+    # 0 only with echo: score the prompt, generate nothing (evaluation harnesses).
+    max_tokens: NonNegInt | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: Any = None
+    echo: bool = False  # the prompt (and with logprobs its logprobs) before the completion
     suffix: Any = None

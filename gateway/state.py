@@ -1,9 +1,15 @@
 """What every route needs, built once per app: config, the verifier client, the prompt
-encoder, metrics and the request defaults; plus the verifier's ModelInfo once known."""
+encoder (run on its own thread, off the event loop), metrics and the request defaults;
+plus the verifier's ModelInfo once known."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from fastapi import Request
@@ -16,6 +22,8 @@ from gateway.params import Defaults
 from gateway.prompts import PromptEncoder
 from gateway.verifier_client import VerifierClient
 
+T = TypeVar("T")
+
 
 @dataclass
 class GatewayState:
@@ -27,6 +35,10 @@ class GatewayState:
     defaults: Defaults
     created: int  # unix time the model "was created" (/v1/models)
     model_info: verifier_pb2.ModelInfo | None = field(default=None)
+    # ONE thread: a long prompt never stalls the event loop (/health, other streams), and
+    # the Rust tokenizer is never entered by two threads at once.
+    tokenizer_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenizer"))
 
     async def fetch_model_info(self) -> verifier_pb2.ModelInfo | None:
         """The verifier's ModelInfo, asked again until it once answers (it is static)."""
@@ -37,6 +49,11 @@ class GatewayState:
                 return None
         return self.model_info
 
+    async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on the tokenizer thread (tokenizing, chat templates)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.tokenizer_pool, functools.partial(fn, *args))
+
 
 def gateway_state(request: Request) -> GatewayState:
     state = request.app.state.gateway
@@ -45,5 +62,6 @@ def gateway_state(request: Request) -> GatewayState:
 
 
 def request_id(request: Request) -> str:
-    """Set by the request-id middleware for every HTTP request."""
-    return str(request.state.request_id)
+    """The id of this request inside ddtree (verifier generations, response ids): always
+    made here (uuid4), never the client's, so nobody can guess or reuse one."""
+    return str(request.state.internal_id)

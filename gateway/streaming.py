@@ -36,14 +36,20 @@ async def events(
     formatter: Formatter,
     results: Callable[[], Sequence[ChoiceResult]],
     include_usage: bool,
+    so_far: Callable[[], Sequence[ChoiceResult]] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The SSE body: chunks, the usage chunk (only when asked), then [DONE]. An error
-    after the first chunk can no longer change the HTTP status: it becomes an error event."""
+    after the first chunk can no longer change the HTTP status: it becomes an error event.
+    `so_far` (continuous usage stats): every chunk carries the usage until then."""
+
+    def chunk(delta: ChoiceDelta) -> bytes:
+        return sse(formatter.chunk(delta, so_far() if so_far is not None else None))
+
     async with aclosing(rest):
         try:
-            yield sse(formatter.chunk(first))
+            yield chunk(first)
             async for delta in rest:
-                yield sse(formatter.chunk(delta))
+                yield chunk(delta)
             final = results()
             if include_usage:
                 yield sse(formatter.usage_chunk(final))

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ddtree.engine import MAX_BUDGET, MODES, EngineConfig, Mode, SpecParams
-from ddtree.service import parse_service_config
+from ddtree.service import GrpcSecurity, add_security_flags, parse_service_config, security_of
 
 
 @dataclass(frozen=True)
 class VerifierServiceConfig:
     target: str  # target checkpoint dir
     drafter_addr: str = ""  # HOST:PORT of drafter_svc; "" = no drafter (ar only)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = 50051  # 0 = any free port
     device: str = "auto"
     dtype: str = "auto"
@@ -34,6 +34,15 @@ class VerifierServiceConfig:
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     connect_timeout_s: float = 5.0  # drafter GetInfo at start-up and per reconnect try
     model_id: str = ""  # "" = the target directory's name
+    # gRPC security: the token every caller (gateway, Verify clients) must send and the
+    # verifier sends the drafter; TLS files (server side, and tls_ca for the drafter link).
+    grpc_token: str = field(default="", repr=False)
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    tls_ca: str = ""
+    tls_server_name: str = ""
+    is_reflection: bool = True
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -49,6 +58,7 @@ class VerifierServiceConfig:
             raise ValueError("kv_memory_gib must be >= 0 and session_idle_timeout_s > 0")
         if self.draft_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be > 0")
+        security_of(self)  # validates the TLS files
         try:
             self.default_spec.validate(self.max_budget)
         except ValueError as exc:
@@ -61,6 +71,10 @@ class VerifierServiceConfig:
             max_budget=self.max_budget, cuda_graphs=self.cuda_graphs,
             invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens,
             session_idle_timeout_s=self.session_idle_timeout_s)
+
+    @property
+    def security(self) -> GrpcSecurity:
+        return security_of(self)
 
     @property
     def default_spec(self) -> SpecParams:
@@ -79,7 +93,7 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     target = env.get("DDTREE_TARGET")
     parser.add_argument("--target", default=target, required=not target)
     parser.add_argument("--drafter-addr", default=get("DRAFTER_ADDR", ""))
-    parser.add_argument("--host", default=get("HOST", "0.0.0.0"))
+    parser.add_argument("--host", default=get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(get("PORT", "50051")))
     parser.add_argument("--device", default=get("DEVICE", "auto"))
     parser.add_argument("--dtype", default=get("DTYPE", "auto"))
@@ -113,6 +127,9 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
         "--connect-timeout-s", type=float, default=float(get("CONNECT_TIMEOUT_S", "5"))
     )
     parser.add_argument("--model-id", default=get("MODEL_ID", ""))
+    add_security_flags(parser, env, is_server=True, is_client=True)
+    parser.add_argument("--no-reflection", dest="is_reflection", action="store_false",
+                        default=get("REFLECTION", "1") != "0", help="no server reflection")
     parser.add_argument("--log-level", default=get("LOG_LEVEL", "info"))
 
 

@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from ddtree.models.target_config import TargetConfig
-from ddtree.service import CHANNEL_OPTIONS
+from ddtree.service import GrpcSecurity, open_channel
 from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
 
 log = structlog.get_logger("verifier_svc.drafter_client")
@@ -99,12 +99,13 @@ class DrafterClient:
     """Owns the drafter channel; `draft` is called from the verifier's engine thread only."""
 
     def __init__(self, address: str, round_timeout_s: float, connect_timeout_s: float,
-                 target: TargetConfig | None = None) -> None:
+                 target: TargetConfig | None = None,
+                 security: GrpcSecurity | None = None) -> None:
         self.address = address
         self.target = target  # the drafter's info is checked against it on every connect
         self.round_timeout_s = round_timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(address, security)  # token and TLS as configured
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._round_ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -16,7 +16,13 @@ from ddtree.engine import Engine
 from ddtree.engine.sessions import ClientSessions
 from ddtree.models.target import TargetModel, load_target
 from ddtree.runtime import resolve_device, resolve_dtype
-from ddtree.service import SERVER_OPTIONS, add_health_and_reflection, set_serving
+from ddtree.service import (
+    SERVER_OPTIONS,
+    add_health_and_reflection,
+    add_port,
+    server_interceptors,
+    set_serving,
+)
 from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
@@ -93,8 +99,8 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     drafter = None
     if config.drafter_addr:
         drafter = DrafterClient(
-            config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s, target.config
-        )
+            config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s, target.config,
+            config.security)
         drafter.connect(wait=True)  # not fatal: generations use ar without it
     engine = build_engine(config, target, drafter)
     sessions = ClientSessions(engine, config.max_budget)
@@ -103,13 +109,16 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         config, scheduler, sessions, model_info(config, target, engine.max_model_len), drafter
     )
     # Each Generate stream holds a thread for its whole life; leave room for unary calls.
-    pool = futures.ThreadPoolExecutor(max_workers=config.max_num_seqs + config.max_queue // 8 + 16)
-    server = grpc.server(pool, options=SERVER_OPTIONS)
+    # Every running or queued generation may hold a stream; RPCs past the pool are refused
+    # (RESOURCE_EXHAUSTED) instead of waiting for a thread.
+    num_threads = config.max_num_seqs + config.max_queue + 16
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=num_threads), options=SERVER_OPTIONS,
+        interceptors=server_interceptors(config.security), maximum_concurrent_rpcs=num_threads,
+    )
     verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server)
-    health = add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise OSError(f"cannot bind {config.host}:{config.port}")
+    health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)
+    port = add_port(server, config.host, config.port, config.security)
     scheduler.start()
     server.start()
     set_serving(health, [SERVICE_NAME])
@@ -125,3 +134,4 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         max_model_len=engine.max_model_len,
     )
     return VerifierServer(server, health, scheduler, drafter), port
+

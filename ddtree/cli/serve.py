@@ -1,60 +1,59 @@
 """`ddtree serve`: the three services on one machine (drafter, verifier, OpenAI gateway) as
-child processes, each started only once the one it depends on answers its health check.
-Ctrl-C / SIGTERM, or any child dying, stops all three."""
+supervised child processes, each started once the one it depends on answers its health
+check. A child that dies is restarted with backoff: a dead drafter leaves the verifier
+serving in ar until it is back; while a dead verifier restarts, the gateway's /health says
+503 and requests that have no token yet wait for it (ddtree/cli/supervisor.py). Only
+Ctrl-C / SIGTERM stops it (exit 0).
+
+Ports are fixed (gateway 8000, verifier 50051, drafter 50052: what the README's curl and
+grpcurl examples use), and everything binds loopback unless --host says otherwise for the
+gateway. `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
+kills the drafter through it). Secrets reach the children through their environment
+(DDTREE_API_KEY, DDTREE_GRPC_TOKEN), never their command lines.
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-import socket
-import subprocess
+import os
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from types import FrameType
+from collections.abc import Callable
+from pathlib import Path
 
 from ddtree.cli.options import add_model_options, add_spec_options, resolve_pair_dirs
+from ddtree.cli.supervisor import Child, Supervisor
 from ddtree.errors import DDTreeError
 
 # How long a child may take to load its model and answer its health check.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
-# How long a child may take to exit after SIGTERM before it is killed.
-STOP_GRACE_S = 15.0
-
-
-class ChildDied(DDTreeError):
-    """One of the services exited on its own."""
-
-
-class _Stop(Exception):
-    """SIGTERM arrived: unwind and stop the children."""
+LOOPBACK = "127.0.0.1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run drafter, verifier and OpenAI gateway locally")
     add_model_options(parser)
     add_spec_options(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="the gateway's bind address")
+    parser.add_argument("--host", default=LOOPBACK, help="the gateway's bind address")
     parser.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
+    parser.add_argument("--verifier-port", type=int, default=50051, help="loopback gRPC port")
+    parser.add_argument("--drafter-port", type=int, default=50052, help="loopback gRPC port")
     parser.add_argument("--max-model-len", type=int, default=0, help="0 = the target's")
     parser.add_argument(
         "--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, help="seconds"
     )
+    parser.add_argument("--pid-dir", type=Path, default=None,
+                        help="write serve.pid, drafter.pid, verifier.pid, gateway.pid here")
+    parser.add_argument("--api-key", default=os.environ.get("DDTREE_API_KEY", ""),
+                        help="require this Bearer key on /v1 (env DDTREE_API_KEY)")
+    parser.add_argument("--grpc-token", default=os.environ.get("DDTREE_GRPC_TOKEN", ""),
+                        help="shared token of the gRPC links (env DDTREE_GRPC_TOKEN)")
     parser.set_defaults(func=run)
 
 
-def free_port() -> int:
-    """A port the OS considers free now (the child binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def service_commands(args: argparse.Namespace, target: str, drafter: str | None,
-                     drafter_port: int, verifier_port: int) -> list[tuple[str, list[str]]]:
+def service_commands(args: argparse.Namespace, target: str, drafter: str | None
+                     ) -> list[tuple[str, list[str]]]:
     """(name, argv) of each child in start order; no drafter in ar mode."""
     python = sys.executable
     common = ["--target", target, "--device", args.device, "--dtype", args.dtype]
@@ -62,21 +61,21 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None,
     if drafter is not None:
         commands.append(("drafter", [
             python, "-m", "drafter_svc", "--drafter", drafter, *common,
-            "--host", "127.0.0.1", "--port", str(drafter_port),
+            "--host", LOOPBACK, "--port", str(args.drafter_port),
             "--max-model-len", str(args.max_model_len),
         ]))
     verifier = [
-        python, "-m", "verifier_svc", *common, "--host", "127.0.0.1",
-        "--port", str(verifier_port), "--mode", args.mode, "--budget", str(args.budget),
+        python, "-m", "verifier_svc", *common, "--host", LOOPBACK,
+        "--port", str(args.verifier_port), "--mode", args.mode, "--budget", str(args.budget),
         "--max-model-len", str(args.max_model_len),
     ]
     if args.max_topk:
         verifier += ["--max-topk", str(args.max_topk)]
     if drafter is not None:
-        verifier += ["--drafter-addr", f"127.0.0.1:{drafter_port}"]
+        verifier += ["--drafter-addr", f"{LOOPBACK}:{args.drafter_port}"]
     commands.append(("verifier", verifier))
     commands.append(("gateway", [
-        python, "-m", "gateway", "--verifier-addr", f"127.0.0.1:{verifier_port}",
+        python, "-m", "gateway", "--verifier-addr", f"{LOOPBACK}:{args.verifier_port}",
         "--host", args.host, "--port", str(args.port), "--target", target,
     ]))
     return commands
@@ -90,42 +89,19 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_ready(name: str, child: subprocess.Popen[bytes], ready: Callable[[], bool],
-               timeout_s: float) -> None:
-    """Polls `ready` until it holds; fails as soon as the child exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if child.poll() is not None:
-            raise ChildDied(f"{name} exited with code {child.returncode} while starting")
-        if time.monotonic() > deadline:
-            raise DDTreeError(f"{name} was not healthy within {timeout_s:.0f} s")
-        time.sleep(0.2)  # health endpoints answer at once while not ready: pace the poll
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name, value in (("DDTREE_API_KEY", args.api_key), ("DDTREE_GRPC_TOKEN", args.grpc_token)):
+        if value:
+            env[name] = value
+    return env
 
 
-def stop_children(children: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
-    """SIGTERM in reverse start order (gateway first), then SIGKILL what lingers."""
-    for _, child in reversed(children):
-        if child.poll() is None:
-            child.terminate()
-    for name, child in reversed(children):
-        try:
-            child.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            print(f"ddtree serve: {name} did not stop; killing it", file=sys.stderr)
-            child.kill()
-            child.wait()
-
-
-@contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Stop()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def check_dirs(target: str, drafter: str | None) -> None:
+    """A path that is not there is an error here, not a download attempt in a child."""
+    for kind, path in (("target", target), ("drafter", drafter)):
+        if path is not None and not Path(path).is_dir():
+            raise DDTreeError(f"{kind} checkpoint directory {path} does not exist")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,40 +109,17 @@ def run(args: argparse.Namespace) -> int:
     from ddtree.healthcheck import is_serving
 
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
-    drafter_port, verifier_port = free_port(), free_port()
-    children: list[tuple[str, subprocess.Popen[bytes]]] = []
-    addresses = {
-        "drafter": f"127.0.0.1:{drafter_port}",
-        "verifier": f"127.0.0.1:{verifier_port}",
-        "gateway": f"http://127.0.0.1:{args.port}",
-    }
+    check_dirs(target, drafter)
+    gateway_url = f"http://{LOOPBACK if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+    addresses = {"drafter": f"{LOOPBACK}:{args.drafter_port}",
+                 "verifier": f"{LOOPBACK}:{args.verifier_port}", "gateway": gateway_url}
     checks: dict[str, Callable[[], bool]] = {
         "drafter": lambda: is_serving(addresses["drafter"]),
         "verifier": lambda: is_serving(addresses["verifier"]),
-        "gateway": lambda: http_ok(f"{addresses['gateway']}/health"),
+        "gateway": lambda: http_ok(f"{gateway_url}/health"),
     }
-    with sigterm_unwinds():
-        try:
-            for name, argv in service_commands(args, target, drafter, drafter_port, verifier_port):
-                child = subprocess.Popen(argv)
-                children.append((name, child))
-                wait_ready(name, child, checks[name], args.startup_timeout)
-                print(f"ddtree serve: {name} ready (pid {child.pid}, {addresses[name]})",
-                      flush=True)
-            host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-            print(f"ddtree serve: OpenAI API at http://{host}:{args.port}/v1 "
-                  f"(mode {args.mode}); Ctrl-C stops it", flush=True)
-            return watch(children)
-        except _Stop:
-            return 0
-        finally:
-            stop_children(children)
-
-
-def watch(children: list[tuple[str, subprocess.Popen[bytes]]]) -> int:
-    """Blocks until a child exits; that is an error (the others are stopped by the caller)."""
-    while True:
-        for name, child in children:
-            if child.poll() is not None:
-                raise ChildDied(f"{name} exited with code {child.returncode}; stopping the others")
-        time.sleep(0.5)
+    children = [Child(name, argv, checks[name], addresses[name])
+                for name, argv in service_commands(args, target, drafter)]
+    banner = f"OpenAI API at {gateway_url}/v1 (mode {args.mode}); Ctrl-C stops it"
+    return Supervisor(children, child_env(args), args.startup_timeout, args.pid_dir,
+                      banner).run()

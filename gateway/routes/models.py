@@ -18,7 +18,6 @@ async def _model_card(state: GatewayState) -> dict[str, Any]:
         "object": "model",
         "created": state.created,
         "owned_by": "ddtree",
-        "root": state.config.tokenizer,
     }
     info = await state.fetch_model_info()
     if info is not None:

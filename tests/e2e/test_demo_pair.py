@@ -15,10 +15,11 @@ import openai
 import pytest
 import torch
 
-from ddtree.cli.serve import free_port, http_ok
+from ddtree.cli.serve import http_ok
 from ddtree.demo.pull import default_demo_paths
 from ddtree.engine import GenerationRequest, SpecParams, generate
 from ddtree.runtime import load_pair
+from tests.e2e.conftest import free_port
 
 MAX_TOKENS = 40
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,9 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "ddtree.cli", "serve", "--port", str(port), "--device", "cpu",
-             "--dtype", "float32", "--mode", "tree", "--budget", "32"],
+             "--dtype", "float32", "--mode", "tree", "--budget", "32",
+             # Free ports, not the fixed defaults: other servers may run on this machine.
+             "--verifier-port", str(free_port()), "--drafter-port", str(free_port())],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
     try:

@@ -148,15 +148,17 @@ def test_logprobs_are_the_targets(client: openai.OpenAI) -> None:
         assert entry.logprob <= 0.0
 
 
-def test_x_request_id_is_echoed_and_reaches_the_verifier(
+def test_x_request_id_is_echoed_but_the_verifier_gets_the_gateways_own_id(
     client: openai.OpenAI, stack: Any
 ) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model="tiny-target", messages=MESSAGES, max_tokens=2,
         extra_headers={"x-request-id": "e2e-echo-1"})
     assert raw.headers["x-request-id"] == "e2e-echo-1"
-    assert raw.parse().id == "chatcmpl-e2e-echo-1"
-    assert stack.verifier_events("generate_started", "e2e-echo-1")
+    internal = raw.parse().id.removeprefix("chatcmpl-")
+    assert internal != "e2e-echo-1" and len(internal) == 32  # uuid4: unguessable
+    assert stack.verifier_events("generate_started", internal)
+    assert not stack.verifier_events("generate_started", "e2e-echo-1")
     generated = client.chat.completions.with_raw_response.create(
         model="tiny-target", messages=MESSAGES, max_tokens=2)
     assert generated.headers["x-request-id"]

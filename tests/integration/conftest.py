@@ -4,10 +4,13 @@ on port 0, stubs, and the target's own greedy tokens as the reference."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+import uvicorn
 
 from ddtree.engine import GenerationRequest, SpecParams, generate
 from ddtree.models.target import TargetModel
@@ -24,6 +28,10 @@ from ddtree.service import CHANNEL_OPTIONS
 from ddtree.v1 import common_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from drafter_svc.config import DrafterServiceConfig
 from drafter_svc.server import build_server as build_drafter
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.limits import with_header_timeout
+from gateway.verifier_client import VerifierClient
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.server import build_server as build_verifier
 
@@ -94,7 +102,7 @@ def verifier(tiny_pair: Path, drafter_port: int) -> Iterator[Verifier]:
         budget=8,
         max_budget=MAX_BUDGET,
         max_num_seqs=MAX_SESSIONS,
-        max_queue=4,
+        max_queue=0,
     )
     server, port = build_verifier(config)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
@@ -161,3 +169,40 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def running_gateway(config: GatewayConfig) -> Iterator[str]:
+    """The gateway app served by uvicorn over real HTTP on a free loopback port, in a
+    thread of this process; -> its base URL."""
+    app = create_app(config, VerifierClient.from_config(config))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(
+        app, http=with_header_timeout(config.header_timeout_s), log_config=None,
+        access_log=False, timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + RPC_TIMEOUT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the gateway did not start"
+        time.sleep(0.02)  # uvicorn sets `started` from its own thread
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def gateway_config(tiny_pair: Path, verifier_port: int, **fields: object) -> GatewayConfig:
+    return GatewayConfig(verifier_addr=f"127.0.0.1:{verifier_port}",
+                         tokenizer=str(tiny_pair / "target"), model_name="tiny",
+                         **fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_pair: Path, verifier: Verifier) -> Iterator[str]:
+    """A gateway over the session's verifier (default settings); -> its base URL."""
+    with running_gateway(gateway_config(tiny_pair, verifier.port)) as url:
+        yield url

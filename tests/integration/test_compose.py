@@ -1,47 +1,39 @@
-"""compose/docker-compose.yml passes a real Compose validator (`docker compose config`, or
-Debian's `docker-compose`; neither needs a daemon), and its settings come from the
-environment: the drafter and the verifier can be put on different GPUs."""
+"""compose/docker-compose.yml passes a strict Compose validator (tests/integration/
+compose_file.py: the specification's interpolation, then the `compose-spec` validator of
+the dev extra; no Docker needed), its settings come from the environment (the drafter and
+the verifier can be put on different GPUs), and it exposes only the gateway, on loopback."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.integration.compose_file import ComposeError, load_compose
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
 
 
-def compose_command() -> list[str]:
-    """The first Compose CLI that works; the test fails (never skips) without one."""
-    if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
-        if probe.returncode == 0:
-            return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    pytest.fail(
-        "no Compose validator: install Debian's docker-compose (apt-get install "
-        "docker-compose) or the docker compose plugin"
-    )
-
-
-def compose_config(env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*compose_command(), "-f", str(COMPOSE_FILE), "config", *extra],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        timeout=120,
-    )
-
-
 def test_compose_file_is_valid() -> None:
-    result = compose_config({}, "--quiet")
-    assert result.returncode == 0, result.stderr
+    services = load_compose(COMPOSE_FILE, {})["services"]
+    assert set(services) == {"drafter", "verifier", "gateway"}
+
+
+def test_the_validator_rejects_what_compose_rejects(tmp_path: Path) -> None:
+    cases = {
+        "unknown key": "services:\n  a:\n    image: x\n    portz: ['1:1']\n",
+        "bad port": "services:\n  a:\n    image: x\n    ports: ['notaport']\n",
+        "bad condition": "services:\n  a:\n    image: x\n    depends_on:\n"
+                         "      b: {condition: whenever}\n  b:\n    image: y\n",
+        "undefined dependency": "services:\n  a:\n    image: x\n    depends_on: [b]\n",
+        "missing required variable": "services:\n  a:\n    image: ${IMAGE:?set IMAGE}\n",
+    }
+    for name, text in cases.items():
+        path = tmp_path / "compose.yml"
+        path.write_text(text)
+        with pytest.raises(ComposeError):
+            load_compose(path, {})
+        assert name
 
 
 def test_compose_settings_come_from_the_environment() -> None:
@@ -51,11 +43,9 @@ def test_compose_settings_come_from_the_environment() -> None:
         "DDTREE_MODE": "linear",
         "DDTREE_GATEWAY_HOST_PORT": "9000",
         "DDTREE_MODELS_DIR": "/srv/models",
+        "DDTREE_GRPC_TOKEN": "shared",
     }
-    result = compose_config(env)
-    assert result.returncode == 0, result.stderr
-    services = yaml.safe_load(result.stdout)["services"]
-    assert set(services) == {"drafter", "verifier", "gateway"}
+    services = load_compose(COMPOSE_FILE, env)["services"]
 
     def gpus(name: str) -> list[str]:
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
@@ -64,12 +54,19 @@ def test_compose_settings_come_from_the_environment() -> None:
     assert gpus("drafter") == ["1"] and gpus("verifier") == ["2"]
     assert services["verifier"]["environment"]["DDTREE_MODE"] == "linear"
     assert services["verifier"]["environment"]["DDTREE_DRAFTER_ADDR"] == "drafter:50052"
-    assert any(
-        str(p.get("published", p) if isinstance(p, dict) else p).startswith("9000")
-        for p in services["gateway"]["ports"]
-    )
+    assert services["gateway"]["ports"] == ["127.0.0.1:9000:8000"]
+    assert all(s["environment"]["DDTREE_GRPC_TOKEN"] == "shared" for s in services.values())
     assert all("healthcheck" in s for s in services.values())
     assert any(str(v).startswith("/srv/models") for v in _volumes(services["verifier"]))
+
+
+def test_only_the_gateway_is_published_and_on_loopback_by_default() -> None:
+    services = load_compose(COMPOSE_FILE, {})["services"]
+    assert [name for name, s in services.items() if s.get("ports")] == ["gateway"]
+    assert services["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
+    # Inside the compose network the services listen on every interface (their own
+    # default is loopback, which the other containers could not reach).
+    assert all(s["environment"]["DDTREE_HOST"] == "0.0.0.0" for s in services.values())
 
 
 def _volumes(service: dict) -> list[str]:

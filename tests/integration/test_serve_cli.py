@@ -1,6 +1,8 @@
-"""`ddtree serve` starts drafter, verifier and gateway as processes, each after the one it
-needs is healthy, serves the OpenAI API, and stops all of them on SIGTERM or as soon as
-one child dies."""
+"""`ddtree serve` supervises drafter, verifier and gateway as real processes: each starts
+after the one it needs is healthy; a child killed with SIGKILL is restarted (the drafter
+while the verifier serves in ar, the verifier while the gateway answers 503 and holds
+requests that have no token yet); only SIGTERM / Ctrl-C stops it, with exit code 0 and no
+error line."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,75 +30,91 @@ READY = re.compile(r"ddtree serve: (\w+) ready \(pid (\d+), (\S+)\)")
 
 
 class Serve:
-    """A running `ddtree serve` whose stdout lines are read by a thread into a queue."""
+    """A running `ddtree serve`; a thread reads its stdout and stderr lines into a queue."""
 
-    def __init__(self, pair: Path, port: int) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "ddtree.cli",
-            "serve",
-            "--target",
-            str(pair / "target"),
-            "--drafter",
-            str(pair / "drafter"),
-            "--device",
-            "cpu",
-            "--dtype",
-            "float32",
-            "--mode",
-            "tree",
-            "--budget",
-            "4",
-            "--port",
-            str(port),
-        ]
-        self.process = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+    def __init__(self, pair: Path, pid_dir: Path) -> None:
+        self.pid_dir = pid_dir
+        self.port = free_port()
+        argv = [sys.executable, "-m", "ddtree.cli", "serve", "--target", str(pair / "target"),
+                "--drafter", str(pair / "drafter"), "--device", "cpu", "--dtype", "float32",
+                "--mode", "tree", "--budget", "4", "--port", str(self.port),
+                "--verifier-port", str(free_port()), "--drafter-port", str(free_port()),
+                "--pid-dir", str(pid_dir)]
+        self.process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         self.children: dict[str, tuple[int, str]] = {}
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
+            self.output.append(line)
             self.lines.put(line)
         self.lines.put(None)
 
     def wait_for(self, text: str) -> None:
-        """Reads stdout until a line contains `text` (recording the children it reports)."""
+        """Reads output until a line contains `text` (recording the children it reports)."""
         while True:
-            line = self.lines.get(timeout=STARTUP_TIMEOUT_S)
-            assert line is not None, f"ddtree serve exited ({self.process.wait()}) before {text!r}"
+            try:
+                line = self.lines.get(timeout=STARTUP_TIMEOUT_S)
+            except queue.Empty:
+                raise AssertionError(f"no output for {STARTUP_TIMEOUT_S:.0f} s before "
+                                     f"{text!r}:\n{''.join(self.output[-40:])}") from None
+            assert line is not None, (f"ddtree serve exited ({self.process.wait()}) before "
+                                      f"{text!r}:\n{''.join(self.output[-40:])}")
             if match := READY.search(line):
                 self.children[match[1]] = (int(match[2]), match[3])
             if text in line:
                 return
 
+    def pid(self, name: str) -> int:
+        return int((self.pid_dir / f"{name}.pid").read_text())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, sig: signal.Signals) -> int:
+        self.process.send_signal(sig)
+        code = self.process.wait(timeout=90)
+        time.sleep(0.2)  # the reader thread drains the pipe
+        return code
+
+    def error_lines(self) -> list[str]:
+        return [line for line in self.output if "error" in line.lower()]
+
 
 @pytest.fixture()
-def serve(tiny_pair: Path) -> Iterator[Serve]:
-    running = Serve(tiny_pair, free_port())
+def serve(tiny_pair: Path, tmp_path: Path) -> Iterator[Serve]:
+    running = Serve(tiny_pair, tmp_path / "pids")
     try:
         running.wait_for("OpenAI API at")
         yield running
     finally:
         if running.process.poll() is None:
-            running.process.terminate()
+            running.process.kill()
             running.process.wait(timeout=60)
 
 
-def http_json(url: str, body: dict | None = None) -> dict:
+def http(url: str, body: dict | None = None, timeout_s: float = 120) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        assert reply.status == 200
-        return dict(json.loads(reply.read()))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return reply.status, dict(json.loads(reply.read()))
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(json.loads(exc.read()))
+
+
+def complete(serve: Serve) -> dict:
+    status, body = http(f"{serve.url}/v1/completions", {
+        "prompt": "The quick brown fox", "max_tokens": 6, "temperature": 0,
+        "return_token_ids": True})
+    assert status == 200, body
+    return body
 
 
 def pid_alive(pid: int) -> bool:
@@ -107,23 +127,38 @@ def pid_alive(pid: int) -> bool:
 
 def test_serve_runs_the_three_services_and_stops_them_on_sigterm(serve: Serve) -> None:
     assert set(serve.children) == {"drafter", "verifier", "gateway"}
-    gateway = serve.children["gateway"][1]
-    assert http_json(f"{gateway}/health") is not None
-    model = http_json(f"{gateway}/v1/models")["data"][0]["id"]
-    completion = http_json(
-        f"{gateway}/v1/completions",
-        {"model": model, "prompt": "The quick brown fox", "max_tokens": 6, "temperature": 0},
-    )
-    assert completion["usage"]["completion_tokens"] >= 1
-    serve.process.send_signal(signal.SIGTERM)
-    assert serve.process.wait(timeout=60) == 0
+    assert {name: serve.pid(name) for name in serve.children} == {
+        name: pid for name, (pid, _) in serve.children.items()}
+    assert http(f"{serve.url}/health")[0] == 200
+    assert complete(serve)["usage"]["completion_tokens"] == 6
+    assert serve.stop(signal.SIGTERM) == 0
     for name, (pid, _) in serve.children.items():
         assert not pid_alive(pid), f"{name} still running after ddtree serve stopped"
     assert not is_serving(serve.children["verifier"][1], timeout_s=1.0)
+    assert not list(serve.pid_dir.glob("*.pid"))
+    assert serve.error_lines() == []
 
 
-def test_serve_stops_everything_when_a_child_dies(serve: Serve) -> None:
-    os.kill(serve.children["verifier"][0], signal.SIGKILL)
-    assert serve.process.wait(timeout=60) != 0
-    for name in ("drafter", "gateway"):
-        assert not pid_alive(serve.children[name][0]), f"{name} outlived a dead verifier"
+def test_killed_children_are_restarted_and_requests_still_succeed(serve: Serve) -> None:
+    reference = complete(serve)["choices"][0]["token_ids"]
+    # The drafter dies: the verifier serves in ar meanwhile (same tokens at T=0) ...
+    drafter = serve.pid("drafter")
+    os.kill(drafter, signal.SIGKILL)
+    assert complete(serve)["choices"][0]["token_ids"] == reference
+    serve.wait_for("drafter ready")
+    assert serve.pid("drafter") != drafter and pid_alive(serve.pid("drafter"))
+    # ... the verifier dies: /health says 503, and a request sent now waits for the
+    # restarted verifier instead of failing (it had produced no token).
+    verifier = serve.pid("verifier")
+    os.kill(verifier, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while http(f"{serve.url}/health")[0] != 503:
+        assert time.monotonic() < deadline, "the gateway never reported the dead verifier"
+        time.sleep(0.05)  # polling /health
+    assert complete(serve)["choices"][0]["token_ids"] == reference
+    serve.wait_for("verifier ready")
+    assert serve.pid("verifier") != verifier
+    assert http(f"{serve.url}/health")[0] == 200
+    # Ctrl-C: everything stops, exit 0, nothing that reads as an error.
+    assert serve.stop(signal.SIGINT) == 0
+    assert serve.error_lines() == []

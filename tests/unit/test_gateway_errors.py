@@ -31,8 +31,17 @@ def test_grpc_status_codes_map_to_http(code: grpc.StatusCode, status: int, kind:
     assert error.status == status
     body = error.body()["error"]
     assert body["type"] == kind
-    assert "what went wrong" in body["message"]
+    # The verifier's message reaches the client only for what the client caused.
+    is_clients = status in (400, 404, 429)
+    assert ("what went wrong" in body["message"]) == is_clients
     assert body["code"] == code.name.lower()
+
+
+def test_a_down_verifier_is_503_without_its_address() -> None:
+    details = "failed to connect to all addresses; last error: ipv4:10.1.2.3:50051: refused"
+    body = from_grpc(rpc_error(grpc.StatusCode.UNAVAILABLE, details)).body()["error"]
+    assert "10.1.2.3" not in body["message"] and "50051" not in body["message"]
+    assert "unavailable" in body["message"]
 
 
 def test_the_verifiers_message_names_the_bad_argument() -> None:

@@ -95,7 +95,7 @@ def test_bad_chat_parameters_are_400_naming_the_parameter(
         ({"prompt": []}, "prompt"),
         ({"prompt": [[1, 2], []]}, "prompt"),
         ({"prompt": [-1, 2]}, "prompt"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "logprobs": 30}, "logprobs"),

