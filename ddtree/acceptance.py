@@ -28,7 +28,7 @@ from ddtree.sampling import (
     counter_uniform,
     row_target_probs,
 )
-from ddtree.tree import DraftTree
+from ddtree.tree import DraftTree, ancestor_chains
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,23 +95,28 @@ def _follow(
     """From the root, move to the lowest-index accepted child, at most `steps` times.
 
     Returns path (B, steps+1), acceptance_length (B,), the last node (B,) and whether the
-    walk was still moving when it ran out of steps (B,) bool.
+    walk was still moving when it ran out of steps (B,) bool. No loop over the steps: a
+    node is on the path iff it and each of its ancestors below the root is its parent's
+    chosen child (the lowest-index accepted one), read along its ancestor chain at once.
     """
     batch, num_rows = parents.shape
-    index = torch.arange(num_rows, device=parents.device).expand(batch, num_rows)
+    device = parents.device
+    index = torch.arange(num_rows, device=device).expand(batch, num_rows)
     # next_child[b, p] = lowest-index accepted child of p, num_rows when there is none.
-    next_child = torch.full((batch, num_rows + 1), num_rows, device=parents.device)
+    next_child = torch.full((batch, num_rows + 1), num_rows, device=device)
     next_child.scatter_reduce_(1, torch.where(accepted, parents, num_rows), index, reduce="amin")
-    node = torch.zeros(batch, dtype=torch.long, device=parents.device)
-    moving = torch.ones(batch, dtype=torch.bool, device=parents.device)
-    path, length = [node], torch.ones_like(node)
-    for _ in range(steps):
-        child = next_child.gather(1, node[:, None])[:, 0]  # (B,)
-        moving = moving & (child < num_rows)
-        node = torch.where(moving, child, node)
-        path.append(torch.where(moving, child, 0))
-        length = length + moving.long()
-    return torch.stack(path, dim=1), length, node, moving
+    chosen = accepted & (next_child.gather(1, parents.clamp(min=0)) == index)  # (B, 1+N)
+    depth, chains = ancestor_chains(parents, steps + 1)  # (B, 1+N), (B, 1+N, steps+1)
+    levels = torch.arange(steps + 1, device=device)
+    below = (levels[None, None, :] >= 1) & (levels[None, None, :] <= depth[:, :, None])
+    chosen_chain = chosen.gather(1, chains.reshape(batch, -1)).view_as(chains)
+    on_path = ((chosen_chain | ~below).all(dim=-1) & (depth <= steps)) | (index == 0)
+    path = torch.zeros(batch, steps + 2, dtype=torch.long, device=device)  # +1 absorbs
+    path.scatter_(1, torch.where(on_path, depth, steps + 1), index)
+    path = path[:, : steps + 1]
+    length = on_path.sum(dim=1)
+    last = path.gather(1, (length - 1)[:, None])[:, 0]
+    return path, length, last, length - 1 == steps  # out of steps: children never tried
 
 
 def _draw_acceptance(tree: DraftTree, probs: Tensor, considered: Tensor,

@@ -324,6 +324,26 @@ def depths_from_parents(parents: Tensor) -> Tensor:
     return depth
 
 
+def ancestor_chains(parents: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """parents (B, 1+N), topologically ordered -> depth (B, 1+N) and chains (B, 1+N, width)
+    with chains[b, i, d] the ancestor of node i at depth d for d <= depth[b, i] (node i
+    itself at its own depth), 0 past it. Needs width > the deepest node's depth. Pointer
+    doubling: a node's d-th ancestor is composed of 2^k-th ancestors, so log2(width)
+    gathers instead of one per depth, and no host sync."""
+    batch, num_rows = parents.shape
+    device = parents.device
+    depth = depths_from_parents(parents)
+    levels = torch.arange(width, device=device)
+    hops = (depth[:, :, None] - levels[None, None, :]).clamp(min=0)  # (B, 1+N, W)
+    node = torch.arange(num_rows, device=device)[None, :, None].expand(batch, num_rows, width)
+    jump = parents.clamp(min=0)  # 2^k-th ancestor; the root is its own
+    for k in range(max(1, (width - 1).bit_length())):
+        hop = jump.gather(1, node.reshape(batch, -1)).view_as(node)
+        node = torch.where(((hops >> k) & 1) == 1, hop, node)
+        jump = jump.gather(1, jump)
+    return depth, torch.where(levels[None, None, :] <= depth[:, :, None], node, 0)
+
+
 # ---------------------------------------------------------------------------- validation
 
 

@@ -124,7 +124,8 @@ class Scheduler:
         """Aborts this very generation (a no-op once it finished, even if its id is reused)."""
         def job() -> None:
             if self._generations.get(generation.request_id) is generation:
-                self._abort(generation.request_id)
+                found = self._abort(generation.request_id)
+                log.info("generation_cancelled", request_id=generation.request_id, found=found)
 
         self._jobs.put(job)
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ddtree.tree import ancestor_chains
+
 
 @dataclass(frozen=True, eq=False)
 class AttentionMeta:
@@ -38,26 +40,6 @@ class AttentionMeta:
         return self.positions.shape[0]
 
 
-def ancestor_chains(parents: Tensor, depth: Tensor, width: int) -> Tensor:
-    """parents, depth: (B, M) int64 of topologically ordered trees (root 0, parents[i] < i).
-    Returns (B, M, width) int64: entry [b, i, d] is node i's ancestor at depth d for
-    d <= depth[b, i] (the node itself at its own depth), 0 beyond. Needs width > max depth.
-
-    `width` gathers walk up from every node at once; each step writes the current node at
-    its depth: O(width) small tensor ops, no host sync."""
-    batch, num_nodes = parents.shape
-    chains = torch.zeros(batch, num_nodes, width + 1, dtype=torch.long, device=parents.device)
-    node = torch.arange(num_nodes, device=parents.device).expand(batch, num_nodes)
-    alive = torch.ones(batch, num_nodes, dtype=torch.bool, device=parents.device)
-    for _ in range(width):
-        where = torch.where(alive, depth.gather(1, node), width)  # column `width` absorbs
-        chains.scatter_(2, where[:, :, None], node[:, :, None])
-        parent = parents.gather(1, node)
-        alive = alive & (parent >= 0)
-        node = parent.clamp(min=0)
-    return chains[:, :, :width]
-
-
 def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
               width: int, max_kv_len: int) -> AttentionMeta:
     """Rows of trees verified at their committed lengths.
@@ -69,7 +51,7 @@ def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
     batch, num_nodes = parents.shape
     index = torch.arange(num_nodes, device=slots.device)
     base = committed[:, None].expand(batch, num_nodes)  # (B, M)
-    chains = ancestor_chains(parents, depth, width)  # (B, M, width)
+    _, chains = ancestor_chains(parents, width)  # (B, M, width)
     rows = _flat(slots[:, None].expand(batch, num_nodes))
     return AttentionMeta(
         positions=_flat(base + depth), write_slot=rows, write_pos=_flat(base + index),

@@ -13,6 +13,7 @@ import torch
 from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.tree import (
     DraftTree,
+    ancestor_chains,
     ancestor_mask,
     build_round_tree,
     build_tree,
@@ -365,3 +366,24 @@ def test_validate_tree_names_the_row_and_checks_depth() -> None:
         validate_tree(tokens, parents, vocab_size=8, max_nodes=5)
     with pytest.raises(TreeValidationError, match="node 3 has depth 2 > max_depth 1"):
         validate_tree(torch.tensor(VALID_TOKENS), torch.tensor(VALID_PARENTS), 8, 5, max_depth=1)
+
+
+def test_ancestor_chains_list_each_nodes_ancestors_by_depth() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        num_nodes = int(torch.randint(1, 40, (1,), generator=gen))
+        parents = torch.full((3, num_nodes), -1)
+        for i in range(1, num_nodes):
+            parents[:, i] = torch.randint(0, i, (3,), generator=gen)
+        depth = depths_from_parents(parents)
+        width = int(depth.max()) + 1 + trial % 3
+        got_depth, chains = ancestor_chains(parents, width)
+        assert torch.equal(got_depth, depth)
+        for b in range(3):
+            for i in range(num_nodes):
+                chain, node = [], i
+                while node >= 0:
+                    chain.append(node)
+                    node = int(parents[b, node])
+                expected = chain[::-1] + [0] * (width - len(chain))
+                assert chains[b, i].tolist() == expected, (trial, b, i)
