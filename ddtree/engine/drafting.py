@@ -64,7 +64,8 @@ class LocalDrafter:
         fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
         device = fused.device
         self.drafter.append_context(self.pool, torch.tensor([slot], device=device),
-                                    torch.zeros(1, dtype=torch.long, device=device), fused)
+                                    torch.zeros(1, dtype=torch.long, device=device), fused,
+                                    self.backend)
 
     def release(self, slot: int, request_id: str) -> None:
         """Nothing to free: the row's pool slot is reused as a whole."""
@@ -77,7 +78,8 @@ class LocalDrafter:
         the rows at positions committed - num_pending .. committed - 1 (rows past
         num_pending are ignored: the block overwrites them). -> (B, L, V) float32."""
         fused = self.drafter.fuse(pending.to(self.drafter.fc.weight.dtype))  # (B, b, H)
-        self.drafter.append_context(self.pool, rows, committed - num_pending, fused)
+        self.drafter.append_context(self.pool, rows, committed - num_pending, fused,
+                                    self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
                                   self.backend)
 

@@ -10,7 +10,9 @@ the same order, for every launch.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -46,13 +48,29 @@ MIN_SPLIT_BYTES = 8 << 20  # below this a weight reads in ~2 us: a second launch
 MIN_BLOCKS_PER_SPLIT = 8  # K blocks each split keeps, so the pipeline stays full
 
 
+# Tilings measured best on the H200 for the shapes the project serves (scripts/gpu/
+# tune_linear.py wrote it; the key is "NxK:dtype"). Like the rule below, a function of the
+# weight alone, so a row's arithmetic never depends on T.
+TUNED_PATH = Path(__file__).with_name("linear_tuned.json")
+TUNED: dict[str, dict[str, int]] = (
+    json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {})
+
+
+def tuned_key(out_features: int, in_features: int, dtype: torch.dtype) -> str:
+    return f"{out_features}x{in_features}:{str(dtype).removeprefix('torch.')}"
+
+
 def linear_config(out_features: int, in_features: int, dtype: torch.dtype) -> LinearConfig:
     """The tiling of a (N, K) weight: a function of the weight alone, never of T.
 
     16-bit weights: 64 x 128 tiles (one warpgroup's wgmma on Hopper, and memory bound at
     T <= 64: 64 rows of MMA per weight byte is under the H200's ~180 FLOP/byte ridge);
     float32 weights: a small FMA tile (ieee dot). Split-K when the N tiles alone would
-    leave most SMs idle at small T and the weight is large enough to be worth a launch."""
+    leave most SMs idle at small T and the weight is large enough to be worth a launch.
+    A shape in the tuned table takes its measured tiling instead."""
+    tuned = TUNED.get(tuned_key(out_features, in_features, dtype))
+    if tuned is not None:
+        return LinearConfig(**tuned)
     if dtype == torch.float32:
         block_m, block_n, block_k, warps, stages = 32, 64, 32, 4, 3
     else:

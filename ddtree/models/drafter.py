@@ -32,7 +32,7 @@ from ddtree.models import ops
 from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, attend
-from ddtree.models.meta import AttentionMeta, block_meta
+from ddtree.models.meta import AttentionMeta, block_meta, context_meta
 from ddtree.models.ops import REFERENCE, Backend
 from ddtree.models.target import TargetEmbeddings, fuse_rows
 from ddtree.models.target_config import TargetConfig
@@ -302,20 +302,25 @@ class DFlashDrafter(nn.Module):
             mlp.gate_up_weight = fuse_rows([mlp.gate_proj.weight, mlp.up_proj.weight])
         return self
 
-    def append_context(self, pool: KVPool, slots: Tensor, start: Tensor,
-                       fused: Tensor) -> None:
+    def append_context(self, pool: KVPool, slots: Tensor, start: Tensor, fused: Tensor,
+                       backend: Backend = REFERENCE) -> None:
         """Writes every layer's context K (k_norm, RoPE) and V of `fused` (B, C, H) at
         slots start[b] + j of rows `slots` (B,); start: (B,) int64, also the position of
         the first row. No host sync; the caller advances its lengths by the rows it
-        means to keep (rows past them are overwritten by the next block)."""
-        num_new = fused.shape[1]
-        positions = start[:, None] + torch.arange(num_new, device=fused.device)  # (B, C)
-        cos, sin = self.rotary.cos_sin(positions, fused.dtype)
-        rows = slots[:, None].expand_as(positions)
-        for i, layer in enumerate(self.layers):
-            k, v = cast(DraftLayer, layer).self_attn.project_kv(fused, cos, sin)  # (B, Hkv, C, D)
-            pool.k[i][rows, positions] = k.transpose(1, 2)  # (B, C, Hkv, D)
-            pool.v[i][rows, positions] = v.transpose(1, 2)
+        means to keep (rows past them are overwritten by the next block).
+
+        Each layer is the attention prologue alone: the fused QKV projection and the
+        RoPE + store kernel (its q is not needed; computing it costs less than a launch)."""
+        batch, num_new, hidden = fused.shape
+        meta = context_meta(slots, start, num_new)
+        x = fused.reshape(batch * num_new, hidden)  # (T, H)
+        for i, module in enumerate(self.layers):
+            attn = cast(DraftLayer, module).self_attn
+            assert attn.qkv_weight is not None, "call DFlashDrafter.fuse_weights() first"
+            qkv = ops.linear(backend, x, attn.qkv_weight, attn.qkv_bias)
+            ops.rope_store(backend, qkv, meta, self.rotary.inv_freq, pool.k[i], pool.v[i],
+                           attn.num_heads, attn.num_kv_heads, attn.q_norm.weight,
+                           attn.k_norm.weight, attn.q_norm.eps)
 
     def draft(self, pool: KVPool, slots: Tensor, context_len: Tensor, bonus: Tensor,
               embeddings: TargetEmbeddings, backend: Backend = REFERENCE) -> Tensor:

@@ -97,3 +97,18 @@ def block_meta(slots: Tensor, context_len: Tensor, block_size: int,
                                  device=slots.device),
         max_kv_len=max_kv_len,
     )
+
+
+def context_meta(slots: Tensor, start: Tensor, num_new: int) -> AttentionMeta:
+    """Where the drafter's new context rows go: row b's j-th at position and slot
+    start[b] + j of pool row slots[b]. (They are stored, not attended: the attention
+    fields are empty.)"""
+    batch = slots.shape[0]
+    positions = _flat(start[:, None] + torch.arange(num_new, device=slots.device))
+    rows = _flat(slots[:, None].expand(batch, num_new))
+    zeros = torch.zeros_like(positions)
+    return AttentionMeta(
+        positions=positions, write_slot=rows, write_pos=positions, query_slot=rows,
+        prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None], num_tree_keys=zeros,
+        max_kv_len=0,
+    )
