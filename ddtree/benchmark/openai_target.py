@@ -46,7 +46,10 @@ def request_body(model: str, prompt: BenchPrompt, spec: SpecPoint, settings: Req
         if spec.max_topk is not None:
             options["max_topk"] = spec.max_topk
         body["ddtree"] = options
-    return body | extra_body
+    for key, value in extra_body.items():  # objects merge (e.g. more `ddtree` options)
+        both = isinstance(value, dict) and isinstance(body.get(key), dict)
+        body[key] = body[key] | value if both else value
+    return body
 
 
 def chunk_text(chunk: dict[str, Any], is_chat: bool) -> str:
