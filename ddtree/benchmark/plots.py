@@ -4,7 +4,7 @@
   max_topk) of tree / shadow, ar and linear as horizontal references;
 - `concurrency_<set>.png`: total throughput and per-request tok/s vs concurrency (closed
   loop), one line per spec and target;
-- `acceptance_<set>.png`: share of verify rounds committing n tokens, per spec.
+- `acceptance_<set>.png`: share of verify rounds committing n tokens, per spec (bars).
 Error bars span min..max across repeats.
 """
 
@@ -126,10 +126,12 @@ def plot_acceptance(rows: Sequence[dict[str, Any]], prompt_set: str, out: Path) 
             total[i] += count
     if not totals:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, hist in sorted(totals.items()):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(totals)  # grouped bars: one group per committed length
+    for i, (label, hist) in enumerate(sorted(totals.items())):
         rounds = max(sum(hist), 1)
-        ax.plot(range(1, len(hist)), [c / rounds for c in hist[1:]], marker="o", label=label)
+        xs = [n + (i - (len(totals) - 1) / 2) * width for n in range(1, len(hist))]
+        ax.bar(xs, [c / rounds for c in hist[1:]], width=width, label=label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="tokens committed per verify round", ylabel="share of rounds",
            title=f"{prompt_set}: acceptance histogram")

@@ -5,7 +5,6 @@ settings and environment, the sweep result. Its shape is `schema.json` beside th
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -34,12 +33,12 @@ def run_config(config: BenchConfig, targets: dict[str, dict[str, Any]]) -> dict[
 
 
 def build_report(rows: Sequence[BenchRow], config: BenchConfig,
-                 targets: dict[str, dict[str, Any]],
+                 targets: dict[str, dict[str, Any]], command: Sequence[str],
                  sweep: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": ["ddtree", *sys.argv[1:]],
+        "command": list(command),
         "environment": environment(),
         "config": run_config(config, targets),
         "rows": [row.to_dict() for row in rows],

@@ -23,7 +23,6 @@ from ddtree.benchmark.config import (
     parse_topk_list,
     spec_grid,
 )
-from ddtree.benchmark.plots import write_plots
 from ddtree.benchmark.report import build_report, read_report, write_report
 from ddtree.benchmark.row import BenchRow
 from ddtree.benchmark.runner import run_bench
@@ -162,8 +161,11 @@ def print_results(rows: list[BenchRow], args: argparse.Namespace, config: BenchC
         print()
         print(format_sweep(sweep) or "sweep: no row qualified")
     if args.json_out:
-        write_report(build_report(rows, config, targets, sweep), args.json_out)
+        command = ["ddtree", *sys.argv[1:]]  # argv of this process (the console script)
+        write_report(build_report(rows, config, targets, command, sweep), args.json_out)
     if args.plot:
+        from ddtree.benchmark.plots import write_plots  # matplotlib: only when plotting
+
         for path in write_plots(summaries, args.plot):
             print(f"plot: {path}", file=sys.stderr)
 
