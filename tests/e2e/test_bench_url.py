@@ -112,3 +112,15 @@ def test_poisson_load_with_a_baseline_server(stack: Stack, tmp_path: Path) -> No
         ("url", "server", 50.0), ("baseline-url", "server", 50.0)]
     assert all(r["num_requests"] == 4 and r["num_failed"] == 0 for r in rows)
     assert rows[1]["matches_ar"] is None  # no ar row in this run
+
+
+def test_duration_bounds_a_closed_loop_that_cycles_the_prompts(stack: Stack,
+                                                               tmp_path: Path) -> None:
+    out = tmp_path / "duration.json"
+    bench("--url", stack.base_url, "--modes", "ar", "--preset", "seed", "--max-tokens", "2",
+          "--concurrency", "2", "--duration", "1.5", "--warmup", "0", "--json-out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    starts = [s["start_s"] for s in row["samples"]]
+    assert row["num_requests"] > 3  # more than the three seed prompts: they cycle
+    assert max(starts) < 1.5 <= row["runs"][0]["wall_s"]
+    assert {s["prompt_index"] for s in row["samples"]} == {0, 1, 2}
