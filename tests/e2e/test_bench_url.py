@@ -124,3 +124,13 @@ def test_duration_bounds_a_closed_loop_that_cycles_the_prompts(stack: Stack,
     assert row["num_requests"] > 3  # more than the three seed prompts: they cycle
     assert max(starts) < 1.5 <= row["runs"][0]["wall_s"]
     assert {s["prompt_index"] for s in row["samples"]} == {0, 1, 2}
+
+
+def test_raw_prompts_are_completions_and_tree_still_serves_the_ar_text(stack: Stack,
+                                                                       tmp_path: Path) -> None:
+    out = tmp_path / "raw.json"
+    bench("--url", stack.base_url, "--raw", "--modes", "ar,tree", "--budgets", "8",
+          "--preset", "seed", "--max-tokens", "6", "--warmup", "0", "--json-out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["ar", "tree"]
+    assert all(r["matches_ar"] is True and r["completion_tokens"] > 0 for r in rows)
