@@ -44,7 +44,7 @@ def launch(args: argparse.Namespace, prompt_file: str, temperature: str,
         "--drafter", args.drafter, "--device", args.device, "--prompts", prompt_file,
         "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
         "--modes", "linear,tree", "--budgets", args.budgets, "--temperature", temperature,
-        "--seed", "1234", "--warmup", str(args.warmup), "--json-out", str(out),
+        "--seed", "1234", "--warmup", str(args.warmup), "--json-out", str(out), "--no-progress",
     ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out
 
@@ -80,8 +80,8 @@ def main() -> int:
         rows = []
         for _, out in jobs:
             if out.exists():
-                rows += [{k: v for k, v in r.items() if k != "token_ids"}
-                         for r in json.loads(out.read_text())]
+                rows += [{k: v for k, v in r.items() if k not in ("samples", "runs")}
+                         for r in json.loads(out.read_text())["rows"]]
     table = to_markdown(rows, budgets)
     print(table)
     if args.out:

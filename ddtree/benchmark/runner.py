@@ -1,0 +1,87 @@
+"""The benchmark grid: per prompt set, per target, per spec, per load point: warm-up
+(untimed), then `repeats` measured runs; a progress bar on stderr; the `=ar` marks last."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from ddtree.benchmark.config import BenchConfig, LoadPoint, SpecPoint
+from ddtree.benchmark.load import run_load
+from ddtree.benchmark.row import BenchRow, mark_matches_ar
+from ddtree.benchmark.sample import BenchPrompt
+from ddtree.benchmark.target import Target
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """A target and the specs and load points it runs (baselines run one spec)."""
+
+    target: Target
+    specs: Sequence[SpecPoint]
+    loads: Sequence[LoadPoint]
+
+
+def requests_per_run(config: BenchConfig, num_prompts: int, load: LoadPoint) -> int | None:
+    """--num-requests; else every prompt once (at least one per worker), or None (until
+    --duration) when only a duration bounds the run."""
+    if config.num_requests is not None:
+        return config.num_requests
+    if config.duration_s is not None:
+        return None
+    return max(num_prompts, load.concurrency or 1)
+
+
+def warmup_count(config: BenchConfig, load: LoadPoint) -> int:
+    return config.warmup if config.warmup is not None else (load.concurrency or 1)
+
+
+def total_requests(plans: Sequence[TargetPlan], prompt_sets: dict[str, list[BenchPrompt]],
+                   config: BenchConfig) -> int | None:
+    total = 0
+    for prompts in prompt_sets.values():
+        for plan in plans:
+            for load in plan.loads:
+                per_run = requests_per_run(config, len(prompts), load)
+                if per_run is None:
+                    return None
+                total += per_run * config.repeats * len(plan.specs)
+    return total
+
+
+async def _measure(row: BenchRow, target: Target, prompts: list[BenchPrompt],
+                   config: BenchConfig, bar: tqdm) -> None:
+    spec, load = row.spec, row.load
+    name = f"{row.prompt_set} {target.name} {spec.label} {load.label}"
+    warmup = warmup_count(config, load)
+    if warmup:
+        bar.set_description(f"{name} warm-up")
+        width = LoadPoint(min(warmup, load.concurrency or 1))
+        await run_load(target, prompts, spec, width, config.settings, warmup, None)
+    for repeat in range(config.repeats):
+        bar.set_description(f"{name} {repeat + 1}/{config.repeats}")
+        row.runs.append(await run_load(
+            target, prompts, spec, load, config.settings,
+            requests_per_run(config, len(prompts), load), config.duration_s,
+            repeat=repeat, seed=config.seed, on_sample=lambda _: bar.update(1)))
+
+
+async def run_bench(plans: Sequence[TargetPlan], prompt_sets: dict[str, list[BenchPrompt]],
+                    config: BenchConfig, show_progress: bool = True) -> list[BenchRow]:
+    config.validate()
+    rows: list[BenchRow] = []
+    # disable=None: a bar on a terminal only, never \r-lines in a log file.
+    with tqdm(total=total_requests(plans, prompt_sets, config), file=sys.stderr, unit="req",
+              disable=None if show_progress else True, dynamic_ncols=True) as bar:
+        for set_name, prompts in prompt_sets.items():
+            for plan in plans:
+                for spec in plan.specs:
+                    for load in plan.loads:
+                        row = BenchRow(set_name, plan.target.name, spec, load, config.settings)
+                        await _measure(row, plan.target, prompts, config, bar)
+                        rows.append(row)
+    mark_matches_ar(rows)
+    return rows
