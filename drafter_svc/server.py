@@ -21,6 +21,7 @@ import grpc
 import structlog
 
 from ddtree.engine import LocalDrafter
+from ddtree.engine.draft_graphs import GraphDrafter
 from ddtree.models.checkpoint import read_config
 from ddtree.models.drafter import DFlashDrafter, load_drafter
 from ddtree.models.target import TargetEmbeddings, load_target_embeddings
@@ -132,10 +133,12 @@ def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
     """Loads the models, binds, starts and marks the server SERVING; -> (server, bound port)."""
     drafter, embeddings, info, max_model_len = load_models(config)
     local = LocalDrafter(drafter, embeddings, config.max_sessions, max_model_len)
+    graphs = GraphDrafter(local, config.max_sessions, config.max_budget,
+                          len(info.target_layer_ids) * info.hidden_size)
     sessions = DraftSessionTable(config.max_sessions, local.depth)
     device = embeddings.embed_tokens.weight.device
     server = new_grpc_server(config)
-    drafter_pb2_grpc.add_DrafterServicer_to_server(DrafterServicer(local, sessions, info), server)
+    drafter_pb2_grpc.add_DrafterServicer_to_server(DrafterServicer(graphs, sessions, info), server)
     health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)
     port = add_port(server, config.host, config.port, config.security)
     server.start()

@@ -1,6 +1,6 @@
 """The Drafter gRPC servicer: decodes a round's DraftItems, drafts all of them in ONE
-batched forward of the drafter (`ddtree.engine.drafting.propose_trees`), encodes the
-trees. A failed item carries its error in its DraftResult; the stream lives on."""
+batched round of the drafter (`ddtree.engine.draft_graphs`, a CUDA graph replay on a GPU),
+encodes the trees. A failed item carries its error in its DraftResult; the stream lives on."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ddtree import codec
-from ddtree.engine.drafting import LocalDrafter, propose_trees
+from ddtree.engine.draft_graphs import DraftInputs, GraphDrafter
 from ddtree.engine.request import MODE_RULES, SpecParams
 from ddtree.errors import DDTreeError, InvalidArgumentError
 from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
@@ -35,12 +35,13 @@ class _Prepared:
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, drafter: LocalDrafter, sessions: DraftSessionTable,
+    def __init__(self, graphs: GraphDrafter, sessions: DraftSessionTable,
                  info: drafter_pb2.DrafterInfo) -> None:
-        self.drafter = drafter
+        self.graphs = graphs
+        self.drafter = graphs.drafter
         self.sessions = sessions
         self.info = info
-        self.device = drafter.embeddings.embed_tokens.weight.device
+        self.device = self.drafter.embeddings.embed_tokens.weight.device
         self.feature_width = len(info.target_layer_ids) * info.hidden_size  # k*H
         # One model, many streams (M verifiers): one round at a time.
         self._model_lock = threading.Lock()
@@ -132,27 +133,18 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 f"committed_len {item.committed_len} < {features.shape[0]} feature rows")
         return features
 
-    @torch.inference_mode()
     def _propose(self, prepared: list[_Prepared]) -> list[common_pb2.DraftTree]:
-        """Every prepared item's tree from one batched drafter forward."""
+        """Every prepared item's tree from one batched drafter round (a graph replay)."""
         block = self.drafter.block_size
         pending = torch.zeros(len(prepared), block, self.feature_width)
         for j, p in enumerate(prepared):
             pending[j, : p.pending.shape[0]] = p.pending.float()
-
-        def column(values: list[int]) -> Tensor:
-            return torch.tensor(values, dtype=torch.long, device=self.device)
-
-        rules = [MODE_RULES[p.row.spec.mode] for p in prepared]
-        num_nodes = max(p.row.num_nodes for p in prepared)
-        tree = propose_trees(
-            self.drafter, column([p.row.slot for p in prepared]),
-            column([p.committed_len for p in prepared]),
-            pending.to(self.device), column([p.pending.shape[0] for p in prepared]),
-            column([p.bonus for p in prepared]), num_nodes,
-            column([p.row.num_nodes for p in prepared]),
-            column([r.force_chain for r in rules]).bool(),
-            column([p.row.spec.max_topk or 0 for p in prepared]))
+        tree = self.graphs.propose(DraftInputs(
+            slots=[p.row.slot for p in prepared], committed=[p.committed_len for p in prepared],
+            pending=pending, num_pending=[p.pending.shape[0] for p in prepared],
+            bonus=[p.bonus for p in prepared], budget=[p.row.num_nodes for p in prepared],
+            force_chain=[MODE_RULES[p.row.spec.mode].force_chain for p in prepared],
+            max_topk=[p.row.spec.max_topk or 0 for p in prepared]))
         assert tree.valid is not None
         sizes = tree.valid.sum(dim=1).tolist()
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
