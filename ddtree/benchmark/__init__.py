@@ -2,11 +2,12 @@
 
     config.py        the grid (SpecPoint), load points (LoadPoint), request settings
     sample.py        one prompt, one measured request (the clock rules)
-    target.py        what a target is; implemented by
+    target.py        what a target is (and a run's bounds, to size it); implemented by
       openai_target.py   any OpenAI-compatible server (streaming, httpx)
-      inprocess.py       the engine in this process (ddtree.engine.generate)
+      inprocess.py       the batched engine in this process, one per run
+        engine_thread.py   the one thread that steps it
       hf_baseline.py     transformers' generate with a static cache
-      serial.py          one-at-a-time worker thread for the in-process ones
+        serial.py          its one-at-a-time worker thread
     load.py          closed loop (N workers) and open loop (Poisson) load generators
     runner.py        warm-up, repeats, the grid, the progress bar
     metrics.py, row.py   percentiles, spreads, acceptance; a row and the =ar check

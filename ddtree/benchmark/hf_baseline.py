@@ -15,6 +15,7 @@ import torch
 from ddtree.benchmark.config import RequestSettings, SpecPoint
 from ddtree.benchmark.sample import BenchPrompt, RequestSample
 from ddtree.benchmark.serial import SerialRunner
+from ddtree.benchmark.target import RunBounds
 from ddtree.models.checkpoint import read_config
 
 
@@ -58,6 +59,9 @@ class HFTarget:
     def describe(self) -> dict[str, Any]:
         return {"kind": "hf", "device": str(self.device), "dtype": str(self.model.dtype),
                 "cache_implementation": "static", "compile": self.is_compiled}
+
+    async def prepare(self, bounds: RunBounds) -> None:
+        """Nothing to size: `generate` allocates its static cache per call."""
 
     async def send(self, prompt: BenchPrompt, spec: SpecPoint,
                    settings: RequestSettings) -> RequestSample:

@@ -1,23 +1,28 @@
-"""The engine in this process as a benchmark target: the ONE place the benchmark calls
-`ddtree.engine.generate`. Today the engine runs one generation at a time, so concurrent
-requests queue here (their latencies include the wait); a batched engine replaces
-`_generate` and `SerialRunner` without touching the load generator or the report."""
+"""The engine in this process as a benchmark target: ONE batched Engine per bench run,
+built by `prepare` for the run's largest concurrency and longest request and driven by one
+engine thread (engine_thread.py), so concurrent requests share its rounds as they would on
+a server, and every request after the first reuses its KV pool and captured CUDA graphs."""
 
 from __future__ import annotations
 
+import itertools
+import sys
 import time
 from typing import Any
 
-from ddtree.benchmark.config import TREE_MODES, RequestSettings, SpecPoint
+from ddtree.benchmark.config import RequestSettings, SpecPoint
+from ddtree.benchmark.engine_thread import EngineThread
 from ddtree.benchmark.sample import BenchPrompt, RequestSample
-from ddtree.benchmark.serial import SerialRunner
-from ddtree.engine import GenerationRequest, SpecParams, generate
-from ddtree.errors import DDTreeError
+from ddtree.benchmark.target import RunBounds
+from ddtree.engine import MAX_BUDGET, Engine, EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.generate import build_engine
+from ddtree.errors import DDTreeError, InvalidArgumentError
 from ddtree.models.drafter import DFlashDrafter
 from ddtree.models.target import TargetModel
 from ddtree.sampling import SamplingParams
 
-MAX_PARALLEL = 1  # generations the in-process engine runs at once
+# Room past the longest prompt + max_tokens of the run (the engine adds the trees' own).
+MODEL_LEN_MARGIN = 16
 
 
 def engine_request(prompt: BenchPrompt, spec: SpecPoint,
@@ -34,44 +39,60 @@ def engine_request(prompt: BenchPrompt, spec: SpecPoint,
     )
 
 
+def engine_config(bounds: RunBounds) -> EngineConfig:
+    """A row per request the run may have in flight (the engine's default when an open
+    loop has no cap), each as long as the longest request; trees as large as the run's
+    largest budget or the engine's default limit, whichever is larger."""
+    default = EngineConfig()
+    return EngineConfig(
+        max_num_seqs=bounds.max_concurrency or default.max_num_seqs,
+        max_model_len=bounds.max_prompt_tokens + bounds.max_tokens + MODEL_LEN_MARGIN,
+        max_budget=min(MAX_BUDGET, max(default.max_budget, bounds.max_budget or 0)))
+
+
 class InProcessTarget:
     name = "inprocess"
 
     def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, tokenizer: Any) -> None:
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
-        self.runner = SerialRunner("ddtree-bench-engine")
+        self.engine: Engine | None = None  # owned by the engine thread; read it when idle
+        self._thread = EngineThread("ddtree-bench-engine")
+        self._request_ids = itertools.count()
 
     def describe(self) -> dict[str, Any]:
-        device = self.target.embeddings.embed_tokens.weight.device
-        return {"kind": "inprocess", "device": str(device), "max_parallel": MAX_PARALLEL,
-                "dtype": str(self.target.embeddings.embed_tokens.weight.dtype)}
+        weight = self.target.embeddings.embed_tokens.weight
+        max_parallel = self.engine.plan.num_slots if self.engine is not None else None
+        return {"kind": "inprocess", "device": str(weight.device), "max_parallel": max_parallel,
+                "dtype": str(weight.dtype)}
+
+    async def prepare(self, bounds: RunBounds) -> None:
+        config = engine_config(bounds)
+        self.engine = await self._thread.install(
+            lambda: build_engine(self.target, self.drafter, config))
+        num_slots = self.engine.plan.num_slots
+        if bounds.max_concurrency is not None and num_slots < bounds.max_concurrency:
+            print(f"ddtree bench: the KV budget holds {num_slots} generations at once; "
+                  f"the rest of {bounds.max_concurrency} concurrent requests queue",
+                  file=sys.stderr)
 
     async def send(self, prompt: BenchPrompt, spec: SpecPoint,
                    settings: RequestSettings) -> RequestSample:
-        def run(sample: RequestSample) -> None:
-            self._generate(engine_request(prompt, spec, settings), sample)
-
-        return await self.runner.run(prompt.index, run)
-
-    def _generate(self, request: GenerationRequest, sample: RequestSample) -> None:
-        tokens: list[int] = []
-        stats = None
+        """Timed from before the request enters the engine's queue, so a wait for a free
+        row counts, as on a server."""
+        sample = RequestSample(prompt.index, start=time.perf_counter(), token_ids=[])
+        request = engine_request(prompt, spec, settings)
+        sample.prompt_tokens = len(request.prompt_ids)
         try:
-            for result, stats in generate(self.target, self.drafter, request):  # noqa: B007
-                if result.new_tokens:  # committed tokens are host ints: the round has synced
-                    sample.chunk_times.append(time.perf_counter())
-                    tokens.extend(result.new_tokens)
+            if spec.mode != "ar" and self.drafter is None:
+                raise InvalidArgumentError(f"mode {spec.mode!r} needs a drafter")
+            await self._thread.generate(f"bench-{next(self._request_ids)}", request, sample)
         except DDTreeError as exc:
             sample.error = f"{type(exc).__name__}: {exc}"
-        sample.end = time.perf_counter()
-        sample.prompt_tokens = len(request.prompt_ids)
-        sample.completion_tokens = len(tokens)
-        sample.token_ids = tokens
-        sample.text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if stats is not None:
-            sample.acceptance_histogram = stats.acceptance_histogram()
-            sample.served_mode = stats.mode
-            sample.served_budget = stats.budget if stats.mode in TREE_MODES else None
+            sample.end = sample.end or time.perf_counter()
+        assert sample.token_ids is not None
+        sample.completion_tokens = len(sample.token_ids)
+        sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        return sample
 
     async def aclose(self) -> None:
-        self.runner.close()
+        await self._thread.close()

@@ -17,6 +17,7 @@ import httpx
 
 from ddtree.benchmark.config import SERVER_MODE, TREE_MODES, RequestSettings, SpecPoint
 from ddtree.benchmark.sample import BenchPrompt, RequestSample
+from ddtree.benchmark.target import RunBounds
 from ddtree.errors import InvalidArgumentError
 
 
@@ -107,6 +108,9 @@ class OpenAITarget:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "url": self.base_url, "model": self.model}
+
+    async def prepare(self, bounds: RunBounds) -> None:
+        """A server is sized by whoever started it."""
 
     async def send(self, prompt: BenchPrompt, spec: SpecPoint,
                    settings: RequestSettings) -> RequestSample:

@@ -1,5 +1,6 @@
-"""The benchmark grid: per prompt set, per target, per spec, per load point: warm-up
-(untimed), then `repeats` measured runs; a progress bar on stderr; the `=ar` marks last."""
+"""The benchmark grid: each target prepared for the whole run first (its `RunBounds`), then
+per prompt set, per target, per spec, per load point: warm-up (untimed), then `repeats`
+measured runs; a progress bar on stderr; the `=ar` marks last."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ddtree.benchmark.config import BenchConfig, LoadPoint, SpecPoint
 from ddtree.benchmark.load import run_load
 from ddtree.benchmark.row import BenchRow, mark_matches_ar
 from ddtree.benchmark.sample import BenchPrompt
-from ddtree.benchmark.target import Target
+from ddtree.benchmark.target import RunBounds, Target
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,27 @@ def total_requests(plans: Sequence[TargetPlan], prompt_sets: dict[str, list[Benc
     return total
 
 
+def max_in_flight(config: BenchConfig, num_prompts: int, load: LoadPoint) -> int | None:
+    """Requests of one run in flight at once, at most (warm-up runs narrower); an open loop
+    without a cap may have all of its requests in flight (None: unbounded)."""
+    if load.concurrency is not None:
+        return load.concurrency
+    return requests_per_run(config, num_prompts, load)
+
+
+def run_bounds(plan: TargetPlan, prompt_sets: dict[str, list[BenchPrompt]],
+               config: BenchConfig) -> RunBounds:
+    widths = [max_in_flight(config, len(prompts), load)
+              for prompts in prompt_sets.values() for load in plan.loads]
+    lengths = [len(p.token_ids) for prompts in prompt_sets.values() for p in prompts
+               if p.token_ids is not None]
+    budgets = [spec.budget for spec in plan.specs if spec.budget is not None]
+    return RunBounds(
+        max_concurrency=None if None in widths else max(w for w in widths if w is not None),
+        max_prompt_tokens=max(lengths, default=0), max_tokens=config.settings.max_tokens,
+        max_budget=max(budgets, default=None))
+
+
 async def _measure(row: BenchRow, target: Target, prompts: list[BenchPrompt],
                    config: BenchConfig, bar: tqdm) -> None:
     spec, load = row.spec, row.load
@@ -73,6 +95,8 @@ async def run_bench(plans: Sequence[TargetPlan], prompt_sets: dict[str, list[Ben
                     config: BenchConfig, show_progress: bool = True) -> list[BenchRow]:
     config.validate()
     rows: list[BenchRow] = []
+    for plan in plans:
+        await plan.target.prepare(run_bounds(plan, prompt_sets, config))
     # disable=None: a bar on a terminal only, never \r-lines in a log file.
     with tqdm(total=total_requests(plans, prompt_sets, config), file=sys.stderr, unit="req",
               disable=None if show_progress else True, dynamic_ncols=True) as bar:

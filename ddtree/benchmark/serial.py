@@ -1,7 +1,7 @@
 """Blocking generations run one at a time on one worker thread, so the asyncio load
-generator can drive an in-process model like a server: a request's clock starts when it is
-submitted, so waiting for the model to be free counts as queueing, as it would on a server
-with one slot."""
+generator can drive transformers' `generate` (the hf baseline) like a server: a request's
+clock starts when it is submitted, so waiting for the model to be free counts as queueing,
+as it would on a server with one slot."""
 
 from __future__ import annotations
 
