@@ -174,9 +174,6 @@ async def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     plans, prompt_sets = await build_plans(args, config, sources_from_args(args))
     try:
-        if not args.url and any(load.concurrency != 1 for load in config.loads):
-            print("ddtree bench: the in-process engine runs one generation at a time; "
-                  "concurrent requests queue (use --url for a server)", file=sys.stderr)
         rows = await run_bench(plans, prompt_sets, config, show_progress=not args.no_progress)
     finally:
         for plan in plans:
