@@ -178,11 +178,13 @@ class Engine:
         return outputs
 
     def _can_pipeline(self, rows: list[Row]) -> bool:
-        """Everything the next round needs is on the device: a local drafter (or none) and
-        no row that reads this round's logits (logprobs)."""
+        """Everything the next round needs is on the device: no row drafts outside the
+        graphs (a remote drafter needs the host's view of the last round) and no row reads
+        this round's logits (logprobs)."""
         if not self.config.pipeline:
             return False
-        if self.drafting is not None and not isinstance(self.drafting, LocalDrafter):
+        remote = self.drafting is not None and not isinstance(self.drafting, LocalDrafter)
+        if remote and any(row.drafting for row in rows):
             return False
         return not any(row.wants_logprobs for row in rows)
 
