@@ -52,6 +52,9 @@ class VerifierServiceConfig:
             raise ValueError(f"mode {self.mode!r} needs --drafter-addr (or use --mode ar)")
         if not 1 <= self.max_budget <= MAX_BUDGET:
             raise ValueError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
+        if not 1 <= self.budget <= self.max_budget:  # whatever the default mode: a request
+            raise ValueError(                        # may switch to tree with this budget
+                f"budget must be in [1, max_budget {self.max_budget}], got {self.budget}")
         if self.max_num_seqs < 1 or self.max_model_len < 0 or self.max_queue < 0:
             raise ValueError("max_num_seqs must be >= 1, max_queue and max_model_len >= 0")
         if self.kv_memory_gib < 0 or self.session_idle_timeout_s <= 0:

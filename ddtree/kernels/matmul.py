@@ -71,6 +71,12 @@ def linear_config(out_features: int, in_features: int, dtype: torch.dtype) -> Li
     tuned = TUNED.get(tuned_key(out_features, in_features, dtype))
     if tuned is not None:
         return LinearConfig(**tuned)
+    return default_linear_config(out_features, in_features, dtype)
+
+
+def default_linear_config(out_features: int, in_features: int,
+                          dtype: torch.dtype) -> LinearConfig:
+    """The rule for shapes the table does not hold (see `linear_config`)."""
     if dtype == torch.float32:
         block_m, block_n, block_k, warps, stages = 32, 64, 32, 4, 3
     else:

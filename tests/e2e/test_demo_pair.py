@@ -77,3 +77,23 @@ def test_serve_without_arguments_answers_with_the_targets_greedy_tokens(demo_ser
     assert served == reference
     assert reply.usage.completion_tokens == len(served)
     assert Path(drafter_dir, "model.safetensors").stat().st_size < 10 * 2**20
+
+
+def test_shadow_serves_linear_tokens_and_acceptance_on_the_demo_pair(demo_server: str) -> None:
+    """Through the gateway, shadow (the tree around the rank-0 chain, committed with the
+    linear rule) gives exactly linear's tokens and per-round acceptance lengths."""
+    runs = {}
+    with openai.OpenAI(base_url=f"{demo_server}/v1", api_key="unused", max_retries=0,
+                       timeout=300.0) as client:
+        model = client.models.list().data[0].id
+        for mode, budget in (("linear", 32), ("shadow", 32)):
+            reply = client.chat.completions.create(
+                model=model, temperature=0, max_tokens=MAX_TOKENS,
+                messages=[{"role": "user", "content": "Write a function that sorts a list."}],
+                extra_body={"return_token_ids": True,
+                            "ddtree": {"mode": mode, "budget": budget}})
+            stats = reply.model_extra["ddtree_stats"]
+            runs[mode] = (reply.choices[0].model_extra["token_ids"],
+                          stats["acceptance_histogram"], stats["num_drafted_nodes"])
+    assert runs["shadow"][:2] == runs["linear"][:2]
+    assert runs["shadow"][2] > runs["linear"][2]  # it really verified larger trees

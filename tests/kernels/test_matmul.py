@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from ddtree.kernels.matmul import (
+    TUNED,
     LinearConfig,
+    default_linear_config,
     invariant_linear,
     linear_config,
     linear_reference,
@@ -73,9 +75,21 @@ MODEL_SPLITS = [
 @pytest.mark.parametrize("out_features, in_features, split_k", MODEL_SPLITS)
 def test_model_shapes_get_whole_k_blocks_and_the_planned_split(
         out_features: int, in_features: int, split_k: int) -> None:
-    config = linear_config(out_features, in_features, torch.bfloat16)
+    config = default_linear_config(out_features, in_features, torch.bfloat16)
     assert config.split_k == split_k
     assert in_features % config.block_k == 0  # the unmasked-K path
+
+
+def test_tuned_tilings_are_whole_k_blocks_and_used_for_their_shape() -> None:
+    """The table measured on the H200 (scripts/gpu/tune_linear.py): each entry splits K into
+    whole blocks and is what linear_config answers for its shape."""
+    assert TUNED, "the tuned table is missing"
+    for key, fields in TUNED.items():
+        shape, dtype = key.split(":")
+        out_features, in_features = (int(n) for n in shape.split("x"))
+        config = linear_config(out_features, in_features, getattr(torch, dtype))
+        assert config == LinearConfig(**fields)
+        assert in_features % config.block_k == 0 and config.split_k >= 1
 
 
 def test_empty_batch_gives_an_empty_result() -> None:
