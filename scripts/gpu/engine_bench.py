@@ -124,6 +124,34 @@ def stage_exact(args: argparse.Namespace, dtype: torch.dtype = torch.bfloat16,
     return rows
 
 
+def stage_exact_sets(args: argparse.Namespace) -> dict[str, Any]:
+    """exact over the spec-bench prompt sets (FastChat `turns` JSONL, first turn, chat
+    template): every mode x budgets 16 / 64 x concurrency 1 / 8 against ar at c1."""
+    target, drafter, tokenizer = load(args, torch.bfloat16)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=16, max_model_len=4096))
+    rows: dict[str, Any] = {}
+    for path in sorted(args.spec_bench.glob("*.jsonl")):
+        turns = [json.loads(line)["turns"][0] for line in path.read_text().splitlines()]
+        prompts = []
+        for text in turns[: args.num_prompts]:
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 tokenize=False, add_generation_prompt=True)
+            prompts.append(list(tokenizer(chat, add_special_tokens=False)["input_ids"])[-3000:])
+        reference = run_batch(engine, prompts[:1], SPECS["ar"], 8)  # warm-up
+        reference = sequential(engine, prompts, SPECS["ar"], args.max_tokens)["tokens"]
+        for name in ("linear", "tree@16", "tree@64", "shadow@16", "shadow@64"):
+            for concurrency in (1, 8):
+                run = (sequential(engine, prompts, SPECS[name], args.max_tokens)
+                       if concurrency == 1 else
+                       run_batch(engine, prompts, SPECS[name], args.max_tokens))
+                same = sum(a == b for a, b in zip(run["tokens"], reference, strict=True))
+                rows[f"{path.stem}/{name}/c{concurrency}"] = {
+                    "same_as_ar": same, "of": len(prompts), "tau": round(run["tau"], 3)}
+                print(f"{path.stem:>9} {name:>9} c{concurrency}: ={same}/{len(prompts)} "
+                      f"tau {run['tau']:.2f}", flush=True)
+    return rows
+
+
 def first_diff(got: list[list[int]], reference: list[list[int]]) -> list[int]:
     out = []
     for a, b in zip(got, reference, strict=True):
@@ -267,12 +295,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", type=Path, required=True)
     parser.add_argument("--drafter", type=Path, default=Path("models/smollm2-135m-dflash"))
     parser.add_argument("--humaneval", type=Path, required=True)
+    parser.add_argument("--spec-bench", type=Path, default=Path("/tmp/spec_bench"))
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--load-tokens", type=int, default=128)
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
+              "exactsets": stage_exact_sets,
               "shapes8b": stage_shapes8b,
               "fp32": lambda a: stage_exact(a, torch.float32, ("ar", "linear", "tree@64"))}
     failed = 0
