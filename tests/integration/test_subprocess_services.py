@@ -108,3 +108,28 @@ def test_killing_the_drafter_mid_generation_still_serves_greedy_tokens(
         time.sleep(0.2)
     out = generate_over_grpc(stub, prompt, MAX_TOKENS)
     assert out.tokens == tokens and out.stats.num_drafted_nodes > 0
+
+
+def test_a_hung_drafter_costs_a_round_one_deadline_not_every_round(
+    services: Services, target: TargetModel
+) -> None:
+    """SIGSTOP the drafter: the round that waits for it gives up at its deadline (derived
+    from the measured round trip, not the 20 s cap) and its rows go on in ar; later rounds
+    and ar requests no longer wait for it at all."""
+    stub = services.stub
+    prompt = make_prompt(target, 6, 21)
+    reference = greedy_tokens(target, prompt, MAX_TOKENS)
+    assert generate_over_grpc(stub, prompt, MAX_TOKENS).tokens == reference  # warm
+    services.drafter.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        out = generate_over_grpc(stub, prompt, MAX_TOKENS,
+                                 spec=common_pb2.SpecParams(mode=common_pb2.MODE_TREE))
+        assert out.tokens == reference
+        assert time.monotonic() - started < 10.0  # one short deadline, then ar
+        started = time.monotonic()
+        ar = generate_over_grpc(stub, prompt, 8,
+                                spec=common_pb2.SpecParams(mode=common_pb2.MODE_AR))
+        assert ar.tokens == reference[:8] and time.monotonic() - started < 5.0
+    finally:
+        services.drafter.send_signal(signal.SIGCONT)
