@@ -49,6 +49,7 @@ class GenerationAborted(Exception):
 class Generation:
     request_id: str
     request: GenerationRequest
+    owner: str = ""  # the gRPC peer that started it: only it may Abort it
     out: queue.Queue[RoundResult | BaseException] = field(default_factory=queue.Queue)
     stats: GenerationStats | None = None  # set with the first result
 
@@ -105,9 +106,10 @@ class Scheduler:
         finally:
             future.cancel()  # a job that has not started yet never will
 
-    def submit(self, request_id: str, request: GenerationRequest) -> Generation:
+    def submit(self, request_id: str, request: GenerationRequest,
+               owner: str = "") -> Generation:
         """Queues a generation; InvalidArgumentError / CapacityError (queue full) at once."""
-        generation = Generation(request_id, request)
+        generation = Generation(request_id, request, owner)
 
         def admit() -> None:
             self.engine.add_request(request_id, request)
@@ -116,9 +118,16 @@ class Scheduler:
         self.call(admit)
         return generation
 
-    def abort(self, request_id: str) -> bool:
-        """Stops a generation before the next round and frees its row; False when unknown."""
-        return self.call(lambda: self._abort(request_id))
+    def abort(self, request_id: str, owner: str = "") -> bool:
+        """Stops a generation before the next round and frees its row; False when unknown
+        or started by another peer (request ids are not secrets to rely on)."""
+        def job() -> bool:
+            generation = self._generations.get(request_id)
+            if generation is None or generation.owner != owner:
+                return False
+            return self._abort(request_id)
+
+        return self.call(job)
 
     def cancel(self, generation: Generation) -> None:
         """Aborts this very generation (a no-op once it finished, even if its id is reused)."""

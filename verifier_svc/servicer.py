@@ -46,7 +46,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self, request: verifier_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[verifier_pb2.GenerateResponse]:
         request_id = request.request_id or uuid.uuid4().hex
-        generation = self.scheduler.submit(request_id, self._generation_request(request))
+        generation = self.scheduler.submit(request_id, self._generation_request(request),
+                                           owner=context.peer())
         # Client gone (cancelled, deadline, disconnect): free the KV within one round.
         context.add_callback(lambda: self.scheduler.cancel(generation))
         log.info(
@@ -95,7 +96,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def Abort(
         self, request: verifier_pb2.AbortRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.AbortResponse:
-        found = self.scheduler.abort(request.request_id)
+        found = self.scheduler.abort(request.request_id, owner=context.peer())
         log.info("abort", request_id=request.request_id, found=found)
         return verifier_pb2.AbortResponse(found=found)
 

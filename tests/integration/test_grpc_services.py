@@ -17,7 +17,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ddtree import codec
 from ddtree.engine import SpecParams
 from ddtree.models.target import TargetModel
-from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2
+from ddtree.service import CHANNEL_OPTIONS
+from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.integration.conftest import (
     MAX_BUDGET,
     MAX_SESSIONS,
@@ -382,3 +383,21 @@ def test_sessions_return_the_targets_features_on_request(
     verifier.stub.CloseSession(
         verifier_pb2.CloseSessionRequest(session_id=opened.session_id), timeout=RPC_TIMEOUT_S
     )
+
+
+def test_only_the_caller_that_started_a_generation_can_abort_it(
+    verifier: Verifier, target: TargetModel
+) -> None:
+    request = verifier_pb2.GenerateRequest(
+        request_id="mine", prompt_ids=make_prompt(target, 4, 15), max_tokens=60,
+        ignore_eos=True)
+    stream = verifier.stub.Generate(request, timeout=RPC_TIMEOUT_S)
+    next(stream)
+    # Its own connection (channels in one process share connections by default).
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    with grpc.insecure_channel(f"127.0.0.1:{verifier.port}", options=options) as other:
+        stranger = verifier_pb2_grpc.VerifierStub(other)
+        reply = stranger.Abort(verifier_pb2.AbortRequest(request_id="mine"), timeout=RPC_TIMEOUT_S)
+        assert not reply.found
+    tokens = [t for response in stream for t in response.token_ids]
+    assert len(tokens) == 59  # ran to its end (the first token came before)
