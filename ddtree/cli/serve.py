@@ -40,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--verifier-port", type=int, default=50051, help="loopback gRPC port")
     parser.add_argument("--drafter-port", type=int, default=50052, help="loopback gRPC port")
     parser.add_argument("--max-model-len", type=int, default=0, help="0 = the target's")
+    parser.add_argument("--max-num-seqs", type=int, default=64,
+                        help="generations holding a KV row at once (more wait in a queue)")
+    parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                        help="batch-invariant GEMMs: every mode serves the ar tokens in bf16")
+    parser.add_argument("--drafter-gpu", type=int, default=None,
+                        help="put the drafter on GPU I (cuda:I; default: --device)")
+    parser.add_argument("--verifier-gpu", type=int, default=None,
+                        help="put the verifier (the target) on GPU J (cuda:J; default: --device)")
     parser.add_argument(
         "--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, help="seconds"
     )
@@ -56,18 +64,23 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
                      ) -> list[tuple[str, list[str]]]:
     """(name, argv) of each child in start order; no drafter in ar mode."""
     python = sys.executable
-    common = ["--target", target, "--device", args.device, "--dtype", args.dtype]
+
+    def placed(gpu: int | None) -> list[str]:
+        device = f"cuda:{gpu}" if gpu is not None else args.device
+        return ["--target", target, "--device", device, "--dtype", args.dtype]
+
     commands = []
     if drafter is not None:
         commands.append(("drafter", [
-            python, "-m", "drafter_svc", "--drafter", drafter, *common,
+            python, "-m", "drafter_svc", "--drafter", drafter, *placed(args.drafter_gpu),
             "--host", LOOPBACK, "--port", str(args.drafter_port),
             "--max-model-len", str(args.max_model_len),
         ]))
     verifier = [
-        python, "-m", "verifier_svc", *common, "--host", LOOPBACK,
+        python, "-m", "verifier_svc", *placed(args.verifier_gpu), "--host", LOOPBACK,
         "--port", str(args.verifier_port), "--mode", args.mode, "--budget", str(args.budget),
-        "--max-model-len", str(args.max_model_len),
+        "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+        "--batch-invariant" if args.batch_invariant else "--no-batch-invariant",
     ]
     if args.max_topk:
         verifier += ["--max-topk", str(args.max_topk)]

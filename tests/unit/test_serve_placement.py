@@ -1,0 +1,31 @@
+"""`ddtree serve --drafter-gpu I --verifier-gpu J` places the two services on their own GPUs
+(and the engine flags reach the verifier)."""
+
+from __future__ import annotations
+
+from ddtree.cli import build_parser
+from ddtree.cli.serve import service_commands
+
+
+def device_of(argv: list[str]) -> str:
+    return argv[argv.index("--device") + 1]
+
+
+def test_drafter_and_verifier_go_to_the_gpus_asked_for() -> None:
+    args = build_parser().parse_args([
+        "serve", "--target", "t", "--drafter", "d", "--drafter-gpu", "1", "--verifier-gpu", "0",
+        "--max-num-seqs", "32", "--no-batch-invariant"])
+    commands = dict(service_commands(args, "t", "d"))
+    assert device_of(commands["drafter"]) == "cuda:1"
+    assert device_of(commands["verifier"]) == "cuda:0"
+    verifier = commands["verifier"]
+    assert verifier[verifier.index("--max-num-seqs") + 1] == "32"
+    assert "--no-batch-invariant" in verifier
+
+
+def test_without_placement_both_follow_device() -> None:
+    args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d",
+                                      "--device", "cpu"])
+    commands = dict(service_commands(args, "t", "d"))
+    assert device_of(commands["drafter"]) == device_of(commands["verifier"]) == "cpu"
+    assert "--batch-invariant" in commands["verifier"]
