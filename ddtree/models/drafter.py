@@ -298,8 +298,7 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             draft_layer = cast(DraftLayer, layer)
             draft_layer.self_attn.fuse()
-            mlp = draft_layer.mlp
-            mlp.gate_up_weight = fuse_rows([mlp.gate_proj.weight, mlp.up_proj.weight])
+            draft_layer.mlp.fuse(share=False)
         return self
 
     def append_context(self, pool: KVPool, slots: Tensor, start: Tensor, fused: Tensor,
@@ -342,10 +341,7 @@ class DFlashDrafter(nn.Module):
                                                 pool.v[i])
             h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
                                        layer.post_attention_layernorm.eps, residual)
-            mlp = layer.mlp
-            assert mlp.gate_up_weight is not None, "call DFlashDrafter.fuse_weights() first"
-            gate_up = ops.linear(backend, h, mlp.gate_up_weight)
-            x = ops.linear(backend, ops.silu_mul(backend, gate_up), mlp.down_proj.weight)
+            x = layer.mlp.infer(backend, h)
         h, _ = ops.rms_norm(backend, x, self.norm.weight, self.norm.eps, residual)
         h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)

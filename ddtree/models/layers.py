@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree.models import ops
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, cast back to the input dtype (as Llama/Qwen3 do)."""
@@ -25,14 +27,31 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """The Llama/Qwen3 MLP: down(silu(gate(x)) * up(x))."""
+    """The Llama/Qwen3 MLP: down(silu(gate(x)) * up(x)). `forward` is the training path;
+    inference runs `infer` on one fused [gate | up] weight (`fuse`)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_weight: Tensor | None = None  # [gate | up] for inference, see fuse()
+        self.gate_up_weight: Tensor | None = None
+
+    def fuse(self, share: bool) -> None:
+        """Builds [gate | up] (one GEMM). share: the two projections become views of it (a
+        frozen model keeps one copy); else they stay as they are (still trainable)."""
+        fused = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()])
+        self.gate_up_weight = fused.contiguous()
+        if share:
+            gate, up = self.gate_up_weight.split(self.gate_proj.weight.shape[0])
+            self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
+            self.up_proj.weight = nn.Parameter(up, requires_grad=False)
+
+    def infer(self, backend: ops.Backend, x: Tensor) -> Tensor:
+        """x: (T, H) -> (T, H) through the backend's kernels."""
+        assert self.gate_up_weight is not None, "fuse the model's weights after loading"
+        gate_up = ops.linear(backend, x, self.gate_up_weight)  # (T, 2I)
+        return ops.linear(backend, ops.silu_mul(backend, gate_up), self.down_proj.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -23,7 +23,7 @@ from ddtree.errors import CheckpointError, InvalidArgumentError
 from ddtree.models import ops
 from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
 from ddtree.models.kv_pool import KVPool
-from ddtree.models.layers import RMSNorm, Rotary
+from ddtree.models.layers import RMSNorm, Rotary, SwiGLU
 from ddtree.models.meta import AttentionMeta, tree_meta
 from ddtree.models.ops import REFERENCE, Backend
 from ddtree.models.target_config import TargetConfig
@@ -108,30 +108,6 @@ class Attention(nn.Module):
                           self.o_proj.bias)
 
 
-class MLP(nn.Module):
-    """The SwiGLU MLP, down(silu(gate(x)) * up(x)), with gate and up fused by `fuse()`."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_weight: Tensor | None = None
-
-    def fuse(self) -> None:
-        projections = (self.gate_proj, self.up_proj)
-        self.gate_up_weight = fuse_rows([p.weight for p in projections])
-        for proj, view in zip(projections, _row_views(self.gate_up_weight, projections),
-                              strict=True):
-            proj.weight = nn.Parameter(view, requires_grad=False)
-
-    def forward(self, backend: Backend, x: Tensor) -> Tensor:
-        """x: (T, H) -> (T, H)."""
-        assert self.gate_up_weight is not None, "call TargetModel.fuse_weights() after loading"
-        gate_up = ops.linear(backend, x, self.gate_up_weight)  # (T, 2I)
-        return ops.linear(backend, ops.silu_mul(backend, gate_up), self.down_proj.weight)
-
-
 def fuse_rows(weights: list[Tensor]) -> Tensor:
     """Concatenates (N_i, K) weights along N, freeing nothing the caller still holds."""
     return torch.cat([w.detach() for w in weights], dim=0).contiguous()
@@ -151,7 +127,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
 
 def build_rotary(config: TargetConfig) -> Rotary:
@@ -199,7 +175,7 @@ class TargetModel(nn.Module):
         """Fused QKV and gate/up weights (call once after loading the weights)."""
         for layer in self.layers:
             cast(DecoderLayer, layer).self_attn.fuse()
-            cast(DecoderLayer, layer).mlp.fuse()
+            cast(DecoderLayer, layer).mlp.fuse(share=True)
         return self
 
     def new_pool(self, num_slots: int, max_len: int) -> KVPool:
@@ -240,7 +216,7 @@ class TargetModel(nn.Module):
             attn = layer.self_attn(backend, h, meta, inv_freq, pool.k[index], pool.v[index])
             h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
                                        layer.post_attention_layernorm.eps, residual)
-            delta = layer.mlp(backend, h)
+            delta = layer.mlp.infer(backend, h)
         h, _ = ops.rms_norm(backend, delta, self.norm.weight, self.norm.eps, residual)
         last_layer = self.config.num_layers - 1
         if last_layer in feature_layers:
