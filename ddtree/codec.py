@@ -128,7 +128,7 @@ def tree_from_proto(
 
     Checks what the conversion needs (node count first, matching lengths, parent order,
     score dtype and shape); vocabulary, sibling and root-token checks are
-    `ddtree.tree.validate_tree`'s and the session's.
+    `ddtree.tree_validation.validate_tree`'s and the session's.
     """
     num_nodes = len(msg.tokens)
     if num_nodes == 0:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ddtree.errors import InvalidArgumentError, TreeValidationError
+from ddtree.errors import InvalidArgumentError
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -342,95 +341,3 @@ def ancestor_chains(parents: Tensor, width: int) -> tuple[Tensor, Tensor]:
         node = torch.where(((hops >> k) & 1) == 1, hop, node)
         jump = jump.gather(1, jump)
     return depth, torch.where(levels[None, None, :] <= depth[:, :, None], node, 0)
-
-
-# ---------------------------------------------------------------------------- validation
-
-
-def validate_tree(
-    tokens: Tensor, parents: Tensor, vocab_size: int, max_nodes: int,
-    max_depth: int | None = None,
-) -> None:
-    """Checks a tree from outside: tokens, parents (1+N,) or (B, 1+N), integer dtypes.
-
-    Raises TreeValidationError naming the offending node: N > max_nodes, a root whose
-    parent is not -1, parents[i] not in [0, i) (this also rules out cycles), a token
-    outside [0, vocab_size), two siblings with the same token, a depth above max_depth.
-    Synchronises with the host: meant for small trees from the wire.
-    """
-    _check_layout(tokens, parents, max_nodes)
-    label = _row_label if tokens.dim() == 2 else _tree_label
-    num_rows = tokens.shape[-1]
-    tokens = tokens.reshape(-1, num_rows).long().cpu()  # (B, 1+N)
-    parents = parents.reshape(-1, num_rows).long().cpu()
-    index = torch.arange(num_rows)
-    _fail_at(parents[:, :1] != -1, label, lambda b, i: (
-        f"parents[0] = {int(parents[b, 0])} must be -1 (node 0 is the root)"))
-    misplaced = ((parents < 0) | (parents >= index)) & (index > 0)
-    _fail_at(misplaced, label, lambda b, i: (
-        f"parents[{i}] = {int(parents[b, i])} must be a node before {i} "
-        "(0 <= parents[i] < i; this also rules out cycles)"))
-    _fail_at((tokens < 0) | (tokens >= vocab_size), label, lambda b, i: (
-        f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})"))
-    twin = _earlier_twin(tokens, parents, vocab_size)  # (B, 1+N): -1 or an earlier twin
-    _fail_at(twin >= 0, label, lambda b, i: (
-        f"nodes {int(twin[b, i])} and {i} are siblings with the same token {int(tokens[b, i])}"))
-    if max_depth is not None:
-        depth = depths_from_parents(parents)
-        _fail_at(depth > max_depth, label, lambda b, i: (
-            f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}"))
-
-
-def _earlier_twin(tokens: Tensor, parents: Tensor, vocab_size: int) -> Tensor:
-    """(B, 1+N) int64: for each node, the earliest sibling with the same token, or -1.
-    One stable sort of (parent, token) keys: O(N log N), no N x N table."""
-    key = parents.clamp(min=-1) * vocab_size + tokens  # parents and tokens checked first
-    order = key.sort(dim=1, stable=True).indices  # (B, 1+N), equal keys by index
-    sorted_key = key.gather(1, order)
-    same = torch.zeros_like(key, dtype=torch.bool)
-    same[:, 1:] = sorted_key[:, 1:] == sorted_key[:, :-1]
-    # The first of each run of equal keys: the run's earliest node.
-    run_start = torch.where(same, 0, torch.arange(key.shape[1])).cummax(dim=1).values
-    first = order.gather(1, run_start)
-    twin = torch.full_like(key, -1)
-    twin.scatter_(1, order, torch.where(same, first, -1))
-    return twin
-
-
-def _check_layout(tokens: Tensor, parents: Tensor, max_nodes: int) -> None:
-    """Types, dtypes, matching shapes and the node count."""
-    for name, value in (("tokens", tokens), ("parents", parents)):
-        if not isinstance(value, Tensor):
-            raise TreeValidationError(f"tree: {name} must be a tensor, got {type(value).__name__}")
-        if value.dtype not in _INTEGER_DTYPES:
-            raise TreeValidationError(f"tree: {name} must have an integer dtype, got {value.dtype}")
-        if value.dim() not in (1, 2) or value.shape[-1] < 1 or value.numel() == 0:
-            raise TreeValidationError(
-                f"tree: {name} has shape {list(value.shape)}, expected [1+N] or [B, 1+N]"
-            )
-    if tokens.shape != parents.shape:
-        raise TreeValidationError(
-            f"tree: tokens shape {list(tokens.shape)} != parents shape {list(parents.shape)}"
-        )
-    if tokens.shape[-1] - 1 > max_nodes:
-        raise TreeValidationError(
-            f"tree: {tokens.shape[-1] - 1} nodes besides the root exceed max_nodes {max_nodes}"
-        )
-
-
-def _row_label(row: int) -> str:
-    return f"tree row {row}: "
-
-
-def _tree_label(row: int) -> str:
-    return "tree: "
-
-
-def _fail_at(
-    bad: Tensor, label: Callable[[int], str], message: Callable[[int, int], str]
-) -> None:
-    """Raises TreeValidationError for the first True of bad (B, 1+N), row-major; message
-    gets (row, node)."""
-    if bool(bad.any()):
-        b, i = (int(x) for x in bad.nonzero()[0])
-        raise TreeValidationError(label(b) + message(b, i))

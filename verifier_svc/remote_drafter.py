@@ -23,7 +23,7 @@ from ddtree import codec
 from ddtree.engine.round import RoundBuffers
 from ddtree.engine.rows import Row
 from ddtree.errors import InvalidArgumentError
-from ddtree.tree import validate_tree
+from ddtree.tree_validation import validate_tree
 from ddtree.v1 import drafter_pb2
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
 

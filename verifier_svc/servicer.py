@@ -16,7 +16,7 @@ from ddtree.engine import GenerationRequest, RoundResult
 from ddtree.engine.sessions import ClientSessions, VerifyOutcome
 from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.stats import GenerationStats
-from ddtree.tree import validate_tree
+from ddtree.tree_validation import validate_tree
 from ddtree.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient

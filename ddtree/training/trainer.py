@@ -34,9 +34,9 @@ from ddtree.models.checkpoint import read_config
 from ddtree.models.drafter import (
     DFlashDrafter,
     DrafterConfig,
-    default_target_layer_ids,
     save_drafter,
 )
+from ddtree.models.drafter_config import default_target_layer_ids
 from ddtree.models.target import TargetEmbeddings, load_target_embeddings
 from ddtree.training.data import BlockBatch, SequenceStore, make_batch
 from ddtree.training.responses import completed_shards

@@ -20,10 +20,10 @@ from ddtree.kernels import tree_attention
 from ddtree.models.drafter import (
     DFlashDrafter,
     DrafterConfig,
-    default_target_layer_ids,
     load_drafter,
     save_drafter,
 )
+from ddtree.models.drafter_config import default_target_layer_ids
 from ddtree.models.target import TargetEmbeddings
 from ddtree.models.target_config import TargetConfig
 

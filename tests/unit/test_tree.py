@@ -19,8 +19,8 @@ from ddtree.tree import (
     build_tree,
     chain_tree,
     depths_from_parents,
-    validate_tree,
 )
+from ddtree.tree_validation import validate_tree
 from tests.unit.heap_reference import heap_tree, ranked_tokens
 
 
