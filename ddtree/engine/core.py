@@ -2,11 +2,12 @@
 active generation (ddtree/engine/round.py). `ddtree generate`, the in-process bench and
 verifier_svc all drive this one class.
 
-A step: drop aborted rows, admit waiting requests into free rows (each prefilled once,
-eagerly: its first token is that step's output), then run ONE round over all running rows
-in the smallest static bucket that holds them: the draft half (a captured graph with the
-local drafter, or the remote drafter's trees), the verify half (a captured graph), then a
-single device-to-host copy of the round's output table.
+A step admits waiting requests into free rows (each prefilled once, eagerly: its first
+token is that step's output), then launches ONE round over all running rows in the
+smallest static bucket that holds them: the draft half (a captured graph with the local
+drafter, or the remote drafter's trees), the verify half (a captured graph), and a single
+device-to-host copy of the round's output table, which the next step reads (pipelined)
+once it has launched its own round. Abort frees a row at once.
 
 Not thread-safe: one thread owns an Engine (verifier_svc's engine thread, or the caller).
 """
