@@ -16,7 +16,7 @@ from tests.integration.conftest import RPC_TIMEOUT_S
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.server import build_server
 
-IDLE_TIMEOUT_S = 0.5
+IDLE_TIMEOUT_S = 1.5
 
 
 @pytest.fixture()
@@ -58,7 +58,7 @@ def test_abandoned_sessions_expire_and_free_their_rows(
                             timeout=RPC_TIMEOUT_S)
     bonus = live.bonus_token
     for _ in range(6):
-        time.sleep(IDLE_TIMEOUT_S / 2)
+        time.sleep(IDLE_TIMEOUT_S / 3)
         reply = stub.Verify(verifier_pb2.VerifyRequest(
             session_id=live.session_id, tree=common_pb2.DraftTree(tokens=[bonus], parents=[-1])),
             timeout=RPC_TIMEOUT_S)
