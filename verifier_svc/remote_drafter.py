@@ -24,7 +24,7 @@ from ddtree.engine.round import RoundBuffers
 from ddtree.engine.rows import Row
 from ddtree.errors import InvalidArgumentError
 from ddtree.tree_validation import validate_tree
-from ddtree.v1 import drafter_pb2
+from ddtree.v1 import common_pb2, drafter_pb2
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
 
 if TYPE_CHECKING:
@@ -39,8 +39,6 @@ EMA_WEIGHT = 0.2
 
 
 class RemoteDrafter:
-    in_graph = False
-
     def __init__(self, client: DrafterClient, info: drafter_pb2.DrafterInfo,
                  max_timeout_s: float) -> None:
         self.client = client
@@ -157,9 +155,9 @@ class RemoteDrafter:
         tokens[index, :size], parents[index, :size] = tree_tokens, tree_parents
         valid[index, :size] = True
 
-    def _checked(self, msg: object, row: Row, vocab_size: int,
+    def _checked(self, msg: common_pb2.DraftTree, row: Row, vocab_size: int,
                  width: int) -> tuple[np.ndarray, np.ndarray]:
-        tree = codec.tree_from_proto(msg, max_nodes=min(row.num_nodes, width))  # type: ignore[arg-type]
+        tree = codec.tree_from_proto(msg, max_nodes=min(row.num_nodes, width))
         validate_tree(tree.tokens[0], tree.parents[0], vocab_size, width, self.block_size - 1)
         if int(tree.tokens[0, 0]) != row.bonus_token:
             raise InvalidArgumentError(

@@ -29,7 +29,6 @@ class Drafting(Protocol):
 
     block_size: int
     target_layer_ids: tuple[int, ...]
-    in_graph: bool  # True: `draft_round` is device code the engine captures
 
     def start(self, slot: int, request_id: str, features: Tensor) -> None: ...
 
@@ -38,8 +37,6 @@ class Drafting(Protocol):
 
 class LocalDrafter:
     """The drafter model plus its context pool (num_slots + 1 rows: the last is scratch)."""
-
-    in_graph = True
 
     def __init__(self, drafter: DFlashDrafter, embeddings: TargetEmbeddings, num_slots: int,
                  max_model_len: int, backend: Backend | None = None) -> None:
