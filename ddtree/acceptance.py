@@ -44,15 +44,16 @@ class WalkResult:
 
 def walk(
     tree: DraftTree, logits: Tensor, rows: RowSampling, counter: Tensor,
-    first_child_only: Tensor, max_depth: int,
+    first_child_only: Tensor, max_depth: int, chains: Tensor | None = None,
 ) -> WalkResult:
     """Walks `tree` with the target's logits (B, 1+N, V) at every node.
 
     rows: each row's sampling parameters; counter: (B,) int64, a value the row never uses
     twice (its committed length); first_child_only: (B,) bool, the linear rule on the
     rank-0 chain (each node's lowest-index child only; linear and shadow rows);
-    max_depth: at most this many steps (D). Padding nodes (`tree.valid` False) are never
-    accepted and never count as rejected children.
+    max_depth: at most this many steps (D); chains: the tree's (B, 1+N, D+1)
+    `ancestor_chains`, when the caller has them. Padding nodes (`tree.valid` False) are
+    never accepted and never count as rejected children.
     """
     batch, num_rows, _ = logits.shape
     assert tree.tokens.shape == (batch, num_rows), "logits must have one row per tree node"
@@ -60,14 +61,15 @@ def walk(
     choice = logits.argmax(dim=-1)  # (B, 1+N): the target's greedy token at each node
     greedy_accepted = considered & (tree.tokens == choice.gather(1, tree.parents.clamp(min=0)))
     if not rows.any_sampled:
-        path, length, last, _ = _follow(tree.parents, greedy_accepted, max_depth)
+        path, length, last, _ = _follow(tree.parents, tree.depth, greedy_accepted, max_depth,
+                                        chains)
         return WalkResult(path, length, choice.gather(1, last[:, None])[:, 0])
     probs = row_target_probs(logits, rows)  # (B, 1+N, V)
     uniform = counter_uniform(rows.seed, counter, STREAM_ACCEPT, num_rows)  # (B, 1+N)
     sampled_accepted = _draw_acceptance(tree, probs, considered, uniform)
     greedy = rows.is_greedy[:, None]
     accepted = torch.where(greedy, greedy_accepted, sampled_accepted)
-    path, length, last, at_limit = _follow(tree.parents, accepted, max_depth)
+    path, length, last, at_limit = _follow(tree.parents, tree.depth, accepted, max_depth, chains)
     race = counter_uniform(rows.seed, counter, STREAM_BONUS, probs.shape[-1])  # (B, V)
     sampled_next = _draw_bonus(tree, probs, considered, last, at_limit, race)
     next_token = torch.where(rows.is_greedy, choice.gather(1, last[:, None])[:, 0], sampled_next)
@@ -90,9 +92,11 @@ def _considered_children(tree: DraftTree, first_child_only: Tensor) -> Tensor:
 
 
 def _follow(
-    parents: Tensor, accepted: Tensor, steps: int
+    parents: Tensor, depth: Tensor, accepted: Tensor, steps: int, chains: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """From the root, move to the lowest-index accepted child, at most `steps` times.
+    depth: (B, 1+N) of each node; chains: (B, 1+N, steps+1) `ancestor_chains` (computed
+    here when None; the engine passes the ones its attention metadata already holds).
 
     Returns path (B, steps+1), acceptance_length (B,), the last node (B,) and whether the
     walk was still moving when it ran out of steps (B,) bool. No loop over the steps: a
@@ -106,7 +110,8 @@ def _follow(
     next_child = torch.full((batch, num_rows + 1), num_rows, device=device)
     next_child.scatter_reduce_(1, torch.where(accepted, parents, num_rows), index, reduce="amin")
     chosen = accepted & (next_child.gather(1, parents.clamp(min=0)) == index)  # (B, 1+N)
-    depth, chains = ancestor_chains(parents, steps + 1)  # (B, 1+N), (B, 1+N, steps+1)
+    if chains is None:
+        _, chains = ancestor_chains(parents, steps + 1)  # (B, 1+N, steps+1)
     levels = torch.arange(steps + 1, device=device)
     below = (levels[None, None, :] >= 1) & (levels[None, None, :] <= depth[:, :, None])
     chosen_chain = chosen.gather(1, chains.reshape(batch, -1)).view_as(chains)

@@ -61,44 +61,6 @@ def _is_number(value: object) -> bool:
     return math.isfinite(value)
 
 
-def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """logits (B, M, V) -> (B, M, V) float32 probabilities of the target's next token.
-
-    Greedy: one-hot on the argmax. Otherwise: divide by the temperature, keep the top_k
-    largest logits, softmax, keep the smallest set of most probable tokens whose mass
-    reaches top_p (always at least one), renormalise. Tokens tied with the last one kept
-    by top-k or top-p are kept too, so the result never depends on how a sort orders ties.
-    """
-    if params.is_greedy:
-        probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    scaled = logits.float() / params.temperature  # (B, M, V)
-    top_index = None
-    if 0 < params.top_k < scaled.shape[-1]:
-        top_values, top_index = scaled.topk(params.top_k, dim=-1)  # (B, M, k), sorted
-        scaled = scaled.masked_fill(scaled < top_values[..., -1:], -math.inf)
-    probs = torch.softmax(scaled, dim=-1)
-    if params.top_p < 1:
-        # With top-k on, the nucleus lies inside the top k: sort k values, not V.
-        sorted_probs = (probs.sort(dim=-1, descending=True).values if top_index is None
-                        else probs.gather(-1, top_index))
-        probs = _top_p(probs, sorted_probs, params.top_p)
-    return probs
-
-
-def _top_p(probs: Tensor, sorted_probs: Tensor, top_p: float) -> Tensor:
-    """Keeps the most probable tokens until their mass reaches top_p; renormalises.
-
-    probs: (B, M, V); sorted_probs: (B, M, S) its S largest values, in decreasing order.
-    """
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    # mass_before of the top token is 0 < top_p, so at least one token always stays.
-    num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True)  # (B, M, 1) >= 1
-    cutoff = sorted_probs.gather(-1, num_kept - 1)  # the smallest probability kept
-    kept = probs.masked_fill(probs < cutoff, 0.0)
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
 # ---------------------------------------------------------------------------- batches
 
 
@@ -120,10 +82,36 @@ class RowSampling:
     def is_greedy(self) -> Tensor:
         return self.temperature == 0
 
+    @classmethod
+    def of(cls, params: SamplingParams, batch: int, device: torch.device | str,
+           seed: Tensor | None = None) -> RowSampling:
+        """The same parameters for `batch` rows (seed: (B,) int64, default all 0)."""
+        filtered = params.top_k > 0 or params.top_p < 1
+        return cls(
+            temperature=torch.full((batch,), float(params.temperature), device=device),
+            top_k=torch.full((batch,), params.top_k, dtype=torch.long, device=device),
+            top_p=torch.full((batch,), float(params.top_p), device=device),
+            seed=seed if seed is not None else torch.zeros(batch, dtype=torch.long,
+                                                           device=device),
+            any_sampled=not params.is_greedy, any_filtered=filtered and not params.is_greedy)
+
+
+def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """logits (B, M, V) -> (B, M, V) float32 probabilities of the target's next token.
+
+    Greedy: one-hot on the argmax. Otherwise: divide by the temperature, keep the top_k
+    largest logits, softmax, keep the smallest set of most probable tokens whose mass
+    reaches top_p (always at least one), renormalise. Tokens tied with the last one kept
+    by top-k or top-p are kept too, so the result never depends on how a sort orders ties.
+    The engine computes it per row (`row_target_probs`); this is the same function with
+    one set of parameters for every row.
+    """
+    return row_target_probs(logits, RowSampling.of(params, logits.shape[0], logits.device))
+
 
 def row_target_probs(logits: Tensor, rows: RowSampling) -> Tensor:
     """logits (B, M, V) -> (B, M, V) float32: `target_probs` with each row's own
-    parameters (greedy rows get a one-hot on the argmax). Same definition, same tie rule."""
+    parameters (greedy rows get a one-hot on the argmax)."""
     greedy = rows.is_greedy[:, None, None]
     one_hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
     one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)

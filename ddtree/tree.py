@@ -284,34 +284,9 @@ def _assemble(
 # ---------------------------------------------------------------------------- structure
 
 
-def chain_tree(draft_tokens: Tensor, bonus: Tensor) -> DraftTree:
-    """The linear special case: draft_tokens (B, L), bonus (B,); node i's parent is i - 1."""
-    batch, num_levels = draft_tokens.shape
-    index = torch.arange(num_levels + 1, device=draft_tokens.device).expand(batch, -1)
-    return DraftTree(
-        tokens=torch.cat([bonus.long()[:, None], draft_tokens.long()], dim=1),
-        parents=(index - 1).contiguous(),
-        depth=index.contiguous(),
-    )
-
-
 def _num_doublings(num_rows: int) -> int:
     """Pointer-doubling rounds that cover any depth < num_rows: ceil(log2(num_rows))."""
     return (num_rows - 1).bit_length()
-
-
-def ancestor_mask(parents: Tensor) -> Tensor:
-    """parents (B, 1+N) -> (B, 1+N, 1+N) bool: [b, i, j] is True when j is i or an ancestor.
-
-    Pointer doubling: after k rounds row i holds its ancestors within 2^k - 1 hops.
-    """
-    batch, num_rows = parents.shape
-    hop = parents.clamp(min=0)  # the root points at itself: it is everyone's ancestor anyway
-    mask = torch.eye(num_rows, dtype=torch.bool, device=parents.device).repeat(batch, 1, 1)
-    for _ in range(_num_doublings(num_rows)):
-        mask = mask | mask.gather(1, hop[:, :, None].expand(batch, num_rows, num_rows))
-        hop = hop.gather(1, hop)
-    return mask
 
 
 def depths_from_parents(parents: Tensor) -> Tensor:

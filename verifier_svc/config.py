@@ -72,8 +72,7 @@ class VerifierServiceConfig:
             max_num_seqs=self.max_num_seqs, max_queue=self.max_queue,
             max_model_len=self.max_model_len, kv_memory_bytes=int(self.kv_memory_gib * 2**30),
             max_budget=self.max_budget, cuda_graphs=self.cuda_graphs,
-            invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens,
-            session_idle_timeout_s=self.session_idle_timeout_s)
+            invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens)
 
     @property
     def security(self) -> GrpcSecurity:

@@ -26,7 +26,6 @@ class EngineConfig:
     kv_memory_bytes: the pool's budget (0 = auto); max_budget: largest tree a request may
     ask for; cuda_graphs / invariant: capture rounds / batch-invariant GEMMs (GPU only);
     max_prefill_tokens: prompt tokens prefilled per step before the round runs;
-    session_idle_timeout_s: a client session unused this long is closed;
     pipeline: launch each round before reading the previous one (see Engine.step)."""
 
     max_num_seqs: int = 64
@@ -37,7 +36,6 @@ class EngineConfig:
     cuda_graphs: bool = True
     invariant: bool = True
     max_prefill_tokens: int = 8192
-    session_idle_timeout_s: float = 60.0
     pipeline: bool = True
 
     def __post_init__(self) -> None:
@@ -46,9 +44,8 @@ class EngineConfig:
         if self.max_model_len < 0 or self.kv_memory_bytes < 0 or self.max_budget < 1:
             raise InvalidArgumentError(
                 "max_model_len and kv_memory_bytes must be >= 0, max_budget >= 1")
-        if self.session_idle_timeout_s <= 0 or self.max_prefill_tokens < 1:
-            raise InvalidArgumentError(
-                "session_idle_timeout_s must be > 0 and max_prefill_tokens >= 1")
+        if self.max_prefill_tokens < 1:
+            raise InvalidArgumentError("max_prefill_tokens must be >= 1")
 
 
 @dataclass(frozen=True)

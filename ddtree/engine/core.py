@@ -30,7 +30,7 @@ from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.logprobs import token_logprobs
 from ddtree.engine.policy import BudgetPolicy
 from ddtree.engine.prefill import prefill_row
-from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult, TokenLogprob
+from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
 from ddtree.engine.state import RowParams, SlotAllocator, SlotState
@@ -340,7 +340,9 @@ class Engine:
             path = out[index][2 + width: 2 + width + accepted]
             logprobs = None
             if row.wants_logprobs:
-                logprobs = self._logprobs(row, logits[index], path, tokens[1:] + [next_token])
+                at_path = logits[index][torch.tensor(path, device=logits.device)]  # (A, V)
+                logprobs = token_logprobs(at_path, tokens[1:] + [next_token],
+                                          row.request.top_logprobs)
             row.committed_len += accepted
             row.bonus_token, row.num_pending = next_token, accepted
             for stage, seconds in stages.items():
@@ -354,12 +356,6 @@ class Engine:
                 self.running.pop(row.request_id, None)
                 self._release(row)
         return outputs
-
-    def _logprobs(self, row: Row, logits: Tensor, path: list[int],
-                  chosen: list[int]) -> list[TokenLogprob]:
-        """The target's logprobs of `chosen` at the path's nodes, logits: (1+N, V)."""
-        return token_logprobs(logits[torch.tensor(path, device=logits.device)],
-                              chosen, row.request.top_logprobs)
 
     def _release(self, row: Row) -> None:
         if row.slot >= 0:

@@ -20,6 +20,7 @@ from ddtree.models.target import TargetModel
 from ddtree.sampling import (
     STREAM_FIRST,
     RowSampling,
+    SamplingParams,
     counter_uniform,
     row_target_probs,
     seed_to_int64,
@@ -58,12 +59,8 @@ def choose_token(logits: Tensor, params: RowParams, seed: int) -> Tensor:
     if params.temperature == 0:
         return logits.argmax(-1)
     device = logits.device
-    rows = RowSampling(
-        temperature=torch.tensor([params.temperature], device=device),
-        top_k=torch.tensor([params.top_k], device=device),
-        top_p=torch.tensor([params.top_p], device=device),
-        seed=torch.tensor([seed_to_int64(seed)], device=device),
-        any_sampled=True, any_filtered=params.top_k > 0 or params.top_p < 1)
+    sampling = SamplingParams(params.temperature, params.top_k, params.top_p)
+    rows = RowSampling.of(sampling, 1, device, torch.tensor([seed_to_int64(seed)], device=device))
     probs = row_target_probs(logits[None], rows)[0]  # (1, V)
     counter = torch.zeros(1, dtype=torch.long, device=device)
     return sample_race(probs, counter_uniform(rows.seed, counter, STREAM_FIRST, probs.shape[-1]))

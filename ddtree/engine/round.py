@@ -37,7 +37,7 @@ from ddtree.engine.state import (
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.meta import tree_meta
 from ddtree.models.target import TargetModel
-from ddtree.tree import DraftTree
+from ddtree.tree import DraftTree, ancestor_chains
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,15 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
         tree = DraftTree(bonus[:, None], zeros - 1, zeros)
     else:
         tree = buffers.tree()
-    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width, pool.max_len)
+    _, chains = ancestor_chains(tree.parents, buffers.width)  # (B, 1+N, Kt): attention, walk
+    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width, pool.max_len,
+                     chains)
     out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
     batch, num_rows = tree.tokens.shape
     logits = out.logits.view(batch, num_rows, -1)  # (B, 1+N, V)
     sampling = state.sampling(rows, key.sampled, key.filtered)
     first_child = state.column(rows, FIRST_CHILD).bool()
-    walked = walk(tree, logits, sampling, committed, first_child, buffers.width - 1)
+    walked = walk(tree, logits, sampling, committed, first_child, buffers.width - 1, chains)
     accepted = walked.acceptance_length  # (B,)
     pool.compact(rows, committed, walked.path)
     path_features = None

@@ -4,7 +4,7 @@ first stop token, excluded, or at max_tokens)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ddtree.engine.request import GenerationRequest, RoundResult, TokenLogprob
 from ddtree.stats import GenerationStats
@@ -25,11 +25,9 @@ class Row:
     bonus_token: int = -1  # the root of the row's next tree (chosen, not yet in the KV)
     num_pending: int = 0  # rows committed by the last round (the drafter's next context)
     finished: bool = False
-    aborted: bool = False
     drafting: bool = False  # the drafter holds this row's context
     auto: bool = False  # the tree size follows the budget policy
     last_used_s: float = 0.0  # client sessions: for the idle timeout
-    pending_out: list[RoundResult] = field(default_factory=list)
 
     @property
     def wants_logprobs(self) -> bool:

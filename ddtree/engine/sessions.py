@@ -1,7 +1,7 @@
 """Client sessions: OpenSession / Verify / CloseSession for gRPC clients that bring their own
 draft trees. A session is a pool row like any generation's; its Verify runs the same
 verify half of the round (round.py) eagerly over the client's tree with the full tree
-walk. A session unused for `session_idle_timeout_s` is closed at the next step."""
+walk. The engine's thread closes the sessions unused for the idle timeout (`expire`)."""
 
 from __future__ import annotations
 

@@ -41,17 +41,19 @@ class AttentionMeta:
 
 
 def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
-              width: int, max_kv_len: int) -> AttentionMeta:
+              width: int, max_kv_len: int, chains: Tensor | None = None) -> AttentionMeta:
     """Rows of trees verified at their committed lengths.
 
     slots, committed: (B,) int64 pool row and committed length; parents, depth: (B, M).
     Node j of row b writes its K/V at slot committed[b] + j, is encoded at position
     committed[b] + depth[b, j], and attends to the committed prefix then its ancestor
-    chain. `width` = max depth + 1 (the block size for drafted trees)."""
+    chain. `width` = max depth + 1 (the block size for drafted trees); chains: the
+    trees' `ancestor_chains` (B, M, width) when the caller has them."""
     batch, num_nodes = parents.shape
     index = torch.arange(num_nodes, device=slots.device)
     base = committed[:, None].expand(batch, num_nodes)  # (B, M)
-    _, chains = ancestor_chains(parents, width)  # (B, M, width)
+    if chains is None:
+        _, chains = ancestor_chains(parents, width)  # (B, M, width)
     rows = _flat(slots[:, None].expand(batch, num_nodes))
     return AttentionMeta(
         positions=_flat(base + depth), write_slot=rows, write_pos=_flat(base + index),

@@ -154,12 +154,7 @@ def test_counter_uniforms_depend_only_on_seed_counter_and_stream() -> None:
 def rows_of(params: SamplingParams, batch: int, seed: int = 0) -> RowSampling:
     """The same parameters for `batch` rows, each row with its own seed (independent
     draws: trials in the batch dimension must not share their random numbers)."""
-    filtered = params.top_k > 0 or params.top_p < 1
-    return RowSampling(
-        temperature=torch.full((batch,), params.temperature),
-        top_k=torch.full((batch,), params.top_k, dtype=torch.long),
-        top_p=torch.full((batch,), params.top_p), seed=seed + torch.arange(batch),
-        any_sampled=not params.is_greedy, any_filtered=filtered and not params.is_greedy)
+    return RowSampling.of(params, batch, "cpu", seed + torch.arange(batch))
 
 
 def walk_with(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, seed: int = 0,

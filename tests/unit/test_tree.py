@@ -1,5 +1,5 @@
 """ddtree.tree: build_tree equals the best-first heap (tests/unit/heap_reference.py) node for
-node, also on exact ties; the tree invariants; chain_tree, ancestor_mask, depths; and
+node, also on exact ties; the tree invariants; round trees, ancestor chains, depths; and
 validate_tree's rejection of every malformed tree a client could send."""
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.tree import (
     DraftTree,
     ancestor_chains,
-    ancestor_mask,
     build_round_tree,
     build_tree,
-    chain_tree,
     depths_from_parents,
 )
 from ddtree.tree_validation import validate_tree
@@ -259,22 +257,12 @@ def test_build_tree_and_walk_never_read_tensor_values_on_the_host(
     round_tree = build_round_tree(logits, bonus, 20, torch.tensor([20, 4]),
                                   torch.tensor([True, False]), torch.tensor([0, 3]))
     walk(round_tree, target_logits, mixed, counter, first_child, 4)
-    ancestor_mask(tree.parents)
     depths_from_parents(tree.parents)
     monkeypatch.undo()
     assert tree.num_nodes == 20
 
 
 # ---------------------------------------------------------------------------- structure
-
-
-def test_chain_tree_is_linear() -> None:
-    tree = chain_tree(torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([1, 2]))
-    assert torch.equal(tree.tokens, torch.tensor([[1, 5, 6, 7], [2, 8, 9, 10]]))
-    assert torch.equal(tree.parents, torch.tensor([[-1, 0, 1, 2]] * 2))
-    assert torch.equal(tree.depth, torch.tensor([[0, 1, 2, 3]] * 2))
-    assert tree.num_nodes == 3 and tree.scores is None
-    validate_tree(tree.tokens, tree.parents, vocab_size=11, max_nodes=3)
 
 
 def naive_ancestors(parents: list[int]) -> torch.Tensor:
@@ -287,25 +275,15 @@ def naive_ancestors(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def test_ancestor_mask_on_chain_star_single_and_random_trees() -> None:
-    chain = torch.arange(-1, 8)[None]
-    assert torch.equal(ancestor_mask(chain)[0], torch.ones(9, 9, dtype=torch.bool).tril())
-    star = torch.tensor([[-1, 0, 0, 0, 0]])
-    expected = torch.eye(5, dtype=torch.bool)
-    expected[:, 0] = True
-    assert torch.equal(ancestor_mask(star)[0], expected)
-    assert torch.equal(ancestor_mask(torch.tensor([[-1]])), torch.ones(1, 1, 1, dtype=torch.bool))
+def test_depths_from_parents_count_each_nodes_ancestors() -> None:
     gen = torch.Generator().manual_seed(14)
-    for num_rows in (2, 3, 7, 16, 33, 100):
+    for num_rows in (1, 2, 3, 7, 16, 33, 100):
         rows = [[-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, num_rows)]
                 for _ in range(3)]
         parents = torch.tensor(rows)
-        mask = ancestor_mask(parents)
-        assert mask.shape == (3, num_rows, num_rows) and mask.dtype == torch.bool
-        for row in range(3):
-            assert torch.equal(mask[row], naive_ancestors(rows[row]))
-        assert torch.equal(depths_from_parents(parents), mask.sum(-1) - 1)
-        assert torch.equal(depths_from_parents(parents[0]), mask[0].sum(-1) - 1)
+        expected = torch.stack([naive_ancestors(row).sum(-1) - 1 for row in rows])
+        assert torch.equal(depths_from_parents(parents), expected)
+        assert torch.equal(depths_from_parents(parents[0]), expected[0])
 
 
 # ---------------------------------------------------------------------------- validation
