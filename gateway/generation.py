@@ -126,12 +126,12 @@ class ChoiceRun:
         return delta
 
     def consume(self, message: verifier_pb2.GenerateResponse) -> list[ChoiceDelta]:
-        """One verifier message -> one delta per token (the caller may merge them)."""
+        """One verifier message (one or more rounds) -> one delta per token (the caller
+        may merge them)."""
         index, deltas = self.result.index, []
         if self.echo_text is not None:
             deltas.append(self._echo(message))
-        if message.acceptance_length:  # a verify round (the prefill's message has none)
-            self.rounds.append((message.acceptance_length, message.num_drafted_nodes))
+        self.rounds.extend(zip(message.acceptance_lengths, message.drafted_nodes, strict=True))
         if self.output.is_prompt_only:  # max_tokens 0: the one token asked for is dropped
             delta = deltas[0] if deltas else ChoiceDelta(index)
             delta.finish_reason = "length"

@@ -53,8 +53,10 @@ class Generation:
     out: queue.Queue[RoundResult | BaseException] = field(default_factory=queue.Queue)
     stats: GenerationStats | None = None  # set with the first result
 
-    def results(self, is_active: Callable[[], bool]) -> Iterator[RoundResult]:
-        """The RPC thread's view: RoundResults in order until finished; raises on errors."""
+    def results(self, is_active: Callable[[], bool]) -> Iterator[list[RoundResult]]:
+        """The RPC thread's view: RoundResults in order until finished, in batches: each
+        batch is every result waiting when the reader came back (one when it keeps up, all
+        the waiting rounds in one message when it falls behind); raises on errors."""
         while True:
             try:
                 item = self.out.get(timeout=1.0)
@@ -62,12 +64,22 @@ class Generation:
                 if not is_active():
                     return
                 continue
+            batch: list[RoundResult] = []
+            while not isinstance(item, BaseException):
+                batch.append(item)
+                if item.finished:
+                    break
+                try:
+                    item = self.out.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self.stats = batch[-1].stats
+                yield batch
+                if batch[-1].finished:
+                    return
             if isinstance(item, BaseException):
                 raise item
-            self.stats = item.stats
-            yield item
-            if item.finished:
-                return
 
 
 class Scheduler:

@@ -56,8 +56,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             mode=generation.request.spec.mode,
             num_prompt_tokens=len(request.prompt_ids),
         )
-        for result in generation.results(context.is_active):
-            yield self._response(result, generation.stats)
+        for results in generation.results(context.is_active):
+            yield self._response(results, generation.stats)
         log.info("generate_finished", request_id=request_id, active=context.is_active())
 
     def _generation_request(self, msg: verifier_pb2.GenerateRequest) -> GenerationRequest:
@@ -77,18 +77,21 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     @staticmethod
     def _response(
-        result: RoundResult, stats: GenerationStats | None
+        results: list[RoundResult], stats: GenerationStats | None
     ) -> verifier_pb2.GenerateResponse:
-        response = verifier_pb2.GenerateResponse(
-            token_ids=result.new_tokens, finish_reason=result.finish_reason or "",
-            acceptance_length=result.acceptance_length if result.committed_tokens else 0,
-            num_drafted_nodes=result.num_drafted_nodes,
-        )
-        if result.logprobs is not None:
-            response.logprobs.extend(codec.logprobs_to_proto(result.logprobs))
-        if result.prompt_logprobs is not None:
-            response.prompt_logprobs.extend(codec.logprobs_to_proto(result.prompt_logprobs))
-        if result.finished and stats is not None:
+        """One message for consecutive rounds of one generation."""
+        last = results[-1]
+        response = verifier_pb2.GenerateResponse(finish_reason=last.finish_reason or "")
+        for result in results:
+            response.token_ids.extend(result.new_tokens)
+            if result.committed_tokens:  # a verify round (the prefill's result has none)
+                response.acceptance_lengths.append(result.acceptance_length)
+                response.drafted_nodes.append(result.num_drafted_nodes)
+            if result.logprobs is not None:
+                response.logprobs.extend(codec.logprobs_to_proto(result.logprobs))
+            if result.prompt_logprobs is not None:
+                response.prompt_logprobs.extend(codec.logprobs_to_proto(result.prompt_logprobs))
+        if last.finished and stats is not None:
             response.stats.CopyFrom(codec.stats_to_proto(stats))
         return response
 

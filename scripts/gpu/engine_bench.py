@@ -8,6 +8,9 @@ Stages (comma list, `--stages`):
             transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
+  profile   where a round's time goes at batch 1 and 8 (ar, tree@16, tree@32): wall time per
+            round against the draft / verify halves' GPU time (CUDA events), and the top
+            kernels of a torch.profiler trace (text tables under $OUT)
   shapes8b  a Qwen3-8B-shaped target + z-lab-8B-shaped drafter (random bf16 weights built
             on the GPU): ar step vs the weight-read floor, verify of 1+63 nodes, one draft
             block, copy bandwidth measured in the same run
@@ -223,6 +226,35 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
+def stage_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-round wall time vs the GPU time of the draft and verify halves, then the top
+    kernels (CUDA time) of a few profiled rounds, per (mode, batch)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    target, drafter, tokenizer = load(args, torch.bfloat16)
+    prompts = humaneval_prompts(args.humaneval, tokenizer, 8)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=2048))
+    rows: dict[str, Any] = {}
+    tables = []
+    for name in ("ar", "tree@16", "tree@32"):
+        for batch in (1, 8):
+            run_batch(engine, prompts[:batch], SPECS[name], 32)  # warm-up + capture
+            run = run_batch(engine, prompts[:batch], SPECS[name], 128)
+            rounds = max(run["rounds"], 1)  # summed over rows: per row-round
+            row = {"round_ms": round(run["decode_s"] / max(rounds / batch - 1, 1) * 1e3, 3),
+                   **{f"{k}_gpu_ms": round(v / rounds * 1e3, 3)
+                      for k, v in run["stages"].items()},
+                   "tau": round(run["tau"], 3)}
+            rows[f"{name}/b{batch}"] = row
+            print(f"profile {name:>8} b{batch}: {row}", flush=True)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                run_batch(engine, prompts[:batch], SPECS[name], 32)
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+            tables.append(f"== {name} batch {batch} (32 tokens per row)\n{table}")
+    (OUT / "profile_kernels.txt").write_text("\n".join(tables))
+    return rows
+
+
 def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     """Random Qwen3-8B-shaped pair: step times against the weight-read floor."""
     config = TargetConfig.from_hf({
@@ -302,7 +334,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
-              "exactsets": stage_exact_sets,
+              "exactsets": stage_exact_sets, "profile": stage_profile,
               "shapes8b": stage_shapes8b,
               "fp32": lambda a: stage_exact(a, torch.float32, ("ar", "linear", "tree@64"))}
     failed = 0

@@ -143,7 +143,7 @@ def generate_over_grpc(
     chunks, reason, stats, rounds = [], "", common_pb2.SpecStats(), []
     for response in stub.Generate(request, timeout=RPC_TIMEOUT_S):
         chunks.append(list(response.token_ids))
-        rounds.append((response.acceptance_length, response.num_drafted_nodes))
+        rounds.extend(zip(response.acceptance_lengths, response.drafted_nodes, strict=True))
         if response.finish_reason:
             reason, stats = response.finish_reason, response.stats
     return Generated([t for c in chunks for t in c], chunks, reason, stats, rounds)
