@@ -2,12 +2,12 @@
 active generation (ddtree/engine/round.py). `ddtree generate`, the in-process bench and
 verifier_svc all drive this one class.
 
-A step admits waiting requests into free rows (each prefilled once, eagerly: its first
-token is that step's output), then launches ONE round over all running rows in the
-smallest static bucket that holds them: the draft half (a captured graph with the local
-drafter, or the remote drafter's trees), the verify half (a captured graph), and a single
-device-to-host copy of the round's output table, which the next step reads (pipelined)
-once it has launched its own round. Abort frees a row at once.
+A step admits waiting requests into free rows (their prompts prefilled together in one
+eager forward: each one's first token is that step's output), then launches ONE round over
+all running rows in the smallest static bucket that holds them: the draft half (a captured
+graph with the local drafter, or the remote drafter's trees), the verify half (a captured
+graph), and a single device-to-host copy of the round's output table, which the next step
+reads (pipelined) once it has launched its own round. Abort frees a row at once.
 
 Not thread-safe: one thread owns an Engine (verifier_svc's engine thread, or the caller).
 """
@@ -29,7 +29,7 @@ from ddtree.engine.drafting import Drafting, LocalDrafter
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.logprobs import token_logprobs
 from ddtree.engine.policy import BudgetPolicy
-from ddtree.engine.prefill import prefill_row
+from ddtree.engine.prefill import prefill_rows
 from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
@@ -190,40 +190,50 @@ class Engine:
         return not any(row.wants_logprobs for row in rows)
 
     def _admit(self) -> list[Output]:
-        outputs: list[Output] = []
+        """Takes waiting requests into free rows (up to `max_prefill_tokens` prompt tokens,
+        at least one request) and prefills them together in one forward."""
+        admitted: list[Row] = []
         budget = self.config.max_prefill_tokens
-        while self.waiting and self.slots.num_free and (budget > 0 or not outputs):
+        while self.waiting and self.slots.num_free and (budget > 0 or not admitted):
             row = self.waiting.popleft()
             if row.auto and self.policy is not None and self.policy.prefers_ar(
-                    self.plan.batch_bucket(len(self.running) + 1)):
+                    self.plan.batch_bucket(len(self.running) + len(admitted) + 1)):
                 row.auto, row.drafting, row.num_nodes = False, False, 0
                 row.stats.mode = "ar"
             slot = self.slots.allocate()
             assert slot is not None
             row.slot = slot
             budget -= len(row.request.prompt_ids)
-            result = self._prefill(row)
-            outputs.append((row.request_id, result))
+            admitted.append(row)
+        if not admitted:
+            return []
+        outputs = [(row.request_id, result) for row, result in
+                   zip(admitted, self._prefill(admitted), strict=True)]
+        for row in admitted:
             if row.finished:
                 self._release(row)
             else:
                 self.running[row.request_id] = row
         return outputs
 
-    def _prefill(self, row: Row) -> RoundResult:
+    def _prefill(self, rows: list[Row]) -> list[RoundResult]:
         started = time.perf_counter()
-        params = RowParams.of(row.request, row.num_nodes, row.seed)
-        layers = self.feature_layers if row.drafting else ()
-        first, features, prompt_logprobs, logprobs = prefill_row(
-            self.target, self.pool, self.state, row, params, layers)
+        params = [RowParams.of(row.request, row.num_nodes, row.seed) for row in rows]
+        layers = self.feature_layers if any(row.drafting for row in rows) else ()
+        prefilled = prefill_rows(self.target, self.pool, self.state, rows, params, layers)
         self.counters.num_target_forwards += 1
-        if row.drafting and self.drafting is not None and features is not None:
-            self.drafting.start(row.slot, row.request_id, features)
-        row.committed_len, row.bonus_token = len(row.request.prompt_ids), first
-        result = row.emit([first], 0, logprobs)
-        result.prompt_logprobs = prompt_logprobs
-        row.stats.stage_seconds["prefill"] += time.perf_counter() - started
-        return result
+        seconds = time.perf_counter() - started  # every row waited for the whole forward
+        results = []
+        for row, (first, features, prompt_logprobs, logprobs) in zip(rows, prefilled,
+                                                                     strict=True):
+            if row.drafting and self.drafting is not None and features is not None:
+                self.drafting.start(row.slot, row.request_id, features)
+            row.committed_len, row.bonus_token = len(row.request.prompt_ids), first
+            result = row.emit([first], 0, logprobs)
+            result.prompt_logprobs = prompt_logprobs
+            row.stats.stage_seconds["prefill"] += seconds
+            results.append(result)
+        return results
 
     def _launch(self, rows: list[Row]) -> InFlight:
         """Enqueues one round for `rows` and the copy of its output table to the host."""

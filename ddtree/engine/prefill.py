@@ -1,6 +1,7 @@
-"""A row's prefill: the prompt through the target once (eagerly: prompt lengths vary), its
-first token chosen like any bonus token, and the row's device state set. Every mode shares
-this one prefill, so the prompt's K/V and first token never depend on the mode."""
+"""Prefill: the prompts of the rows admitted in one step through the target in one forward
+(eagerly: prompt lengths vary), each row's first token chosen like any bonus token, and the
+rows' device state set. Every mode shares this one prefill, so a prompt's K/V and first
+token never depend on the mode, nor on the other prompts of its forward."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ddtree.engine.request import TokenLogprob
 from ddtree.engine.rows import Row
 from ddtree.engine.state import RowParams, SlotState
 from ddtree.models.kv_pool import KVPool
-from ddtree.models.meta import causal_meta
+from ddtree.models.meta import prompts_meta
 from ddtree.models.target import TargetModel
 from ddtree.sampling import (
     STREAM_FIRST,
@@ -26,31 +27,55 @@ from ddtree.sampling import (
     seed_to_int64,
 )
 
+Prefilled = tuple[int, Tensor | None, list[TokenLogprob] | None, list[TokenLogprob] | None]
 
-def prefill_row(
-    target: TargetModel, pool: KVPool, state: SlotState, row: Row, params: RowParams,
-    feature_layers: Sequence[int],
-) -> tuple[int, Tensor | None, list[TokenLogprob] | None, list[TokenLogprob] | None]:
-    """-> (first token, prompt features (P, k*H) or None, prompt logprobs, the first
-    token's logprobs), each logprob list only when the request asks for it."""
-    request = row.request
+
+def prefill_rows(
+    target: TargetModel, pool: KVPool, state: SlotState, rows: Sequence[Row],
+    params: Sequence[RowParams], feature_layers: Sequence[int],
+) -> list[Prefilled]:
+    """Several rows' prompts in ONE target forward (batched prefill; the kernels make each
+    row's K/V, logits and features those of its prefill alone). Per row -> (first token,
+    prompt features (P, k*H) or None, prompt logprobs, the first token's logprobs), each
+    logprob list only when the request asks for it."""
     device = pool.k.device
-    prompt = torch.tensor(request.prompt_ids, dtype=torch.long, device=device)
-    num_prompt = prompt.shape[0]
-    meta = causal_meta(row.slot, 0, num_prompt, device)
-    last = torch.tensor([num_prompt - 1], device=device)
-    out = target(prompt, meta, pool, feature_layers,
-                 logit_rows=None if request.prompt_logprobs else last)
-    first = choose_token(out.logits[-1:], params, row.seed)  # (1,)
-    state.start_row(row.slot, num_prompt, first, params)
-    first_token = int(first.item())
-    prompt_logprobs = logprobs = None
-    if request.prompt_logprobs:
-        prompt_logprobs = token_logprobs(out.logits[:-1], request.prompt_ids[1:],
-                                         max(request.top_logprobs, 0))
-    if request.top_logprobs >= 0:
-        logprobs = token_logprobs(out.logits[-1:], [first_token], request.top_logprobs)
-    return first_token, out.features, prompt_logprobs, logprobs
+    lengths = [len(row.request.prompt_ids) for row in rows]
+    prompts = torch.tensor([t for row in rows for t in row.request.prompt_ids],
+                           dtype=torch.long, device=device)
+    meta = prompts_meta([row.slot for row in rows], lengths, device)
+    # Logits of each row's last token, of its whole prompt when it asks for prompt logprobs:
+    # row i's are logits[spans[i][0]:spans[i][1]], its first token's the last of them.
+    wanted: list[int] = []
+    spans: list[tuple[int, int]] = []
+    end = 0
+    for row, n in zip(rows, lengths, strict=True):
+        end += n
+        begin = len(wanted)
+        wanted.extend(range(end - n, end) if row.request.prompt_logprobs else (end - 1,))
+        spans.append((begin, len(wanted)))
+    out = target(prompts, meta, pool, feature_layers,
+                 logit_rows=torch.tensor(wanted, device=device))
+    firsts = [choose_token(out.logits[stop - 1:stop], p, row.seed)
+              for row, p, (_, stop) in zip(rows, params, spans, strict=True)]
+    for row, p, first, n in zip(rows, params, firsts, lengths, strict=True):
+        state.start_row(row.slot, n, first, p)
+    first_tokens = torch.cat(firsts).tolist()  # the one host sync
+    results: list[Prefilled] = []
+    for i, row in enumerate(rows):
+        request, (begin, stop) = row.request, spans[i]
+        prompt_logprobs = logprobs = None
+        if request.prompt_logprobs:
+            prompt_logprobs = token_logprobs(out.logits[begin:stop - 1], request.prompt_ids[1:],
+                                             max(request.top_logprobs, 0))
+        if request.top_logprobs >= 0:
+            logprobs = token_logprobs(out.logits[stop - 1:stop], [first_tokens[i]],
+                                      request.top_logprobs)
+        features = None
+        if out.features is not None:
+            offset = sum(lengths[:i])
+            features = out.features[offset:offset + lengths[i]]
+        results.append((first_tokens[i], features, prompt_logprobs, logprobs))
+    return results
 
 
 def choose_token(logits: Tensor, params: RowParams, seed: int) -> Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ddtree.engine.core import Engine
-from ddtree.engine.prefill import prefill_row
+from ddtree.engine.prefill import prefill_rows
 from ddtree.engine.request import GenerationRequest, SpecParams
 from ddtree.engine.round import BucketKey, RoundBuffers, verify_into
 from ddtree.engine.rows import Row
@@ -71,8 +71,9 @@ class ClientSessions:
         row = Row(secrets.token_hex(16), request, 0, frozenset(), seed,
                   GenerationStats("tree", self.max_budget), slot=slot)
         try:
-            first, features, _, _ = prefill_row(engine.target, engine.pool, engine.state, row,
-                                                RowParams.of(request, 0, seed), layers)
+            ((first, features, _, _),) = prefill_rows(
+                engine.target, engine.pool, engine.state, [row], [RowParams.of(request, 0, seed)],
+                layers)
         except BaseException:
             engine.slots.free(slot)
             raise

@@ -81,6 +81,22 @@ def causal_meta(slot: int, start: int, num_tokens: int, device: torch.device) ->
     )
 
 
+def prompts_meta(slots: list[int], lengths: list[int], device: torch.device) -> AttentionMeta:
+    """Several rows' prompts in one forward: row i's `lengths[i]` tokens at positions 0 ..
+    lengths[i]-1 of pool row `slots[i]`, each causal within its own row (batched prefill).
+    Every token's keys and arithmetic are those of its row's prefill alone."""
+    count = torch.tensor(lengths, device=device)
+    rows = torch.repeat_interleave(torch.tensor(slots, dtype=torch.long, device=device), count)
+    starts = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
+    positions = torch.arange(rows.shape[0], device=device) - starts
+    zeros = torch.zeros_like(positions)
+    return AttentionMeta(
+        positions=positions, write_slot=rows, write_pos=positions, query_slot=rows,
+        prefix_len=positions + 1, tree_base=zeros, tree_keys=zeros[:, None],
+        num_tree_keys=zeros, max_kv_len=max(lengths),
+    )
+
+
 def block_meta(slots: Tensor, context_len: Tensor, block_size: int,
                max_kv_len: int) -> AttentionMeta:
     """The drafter's blocks: row b's block of `block_size` queries sits at positions

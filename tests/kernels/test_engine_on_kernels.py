@@ -72,3 +72,35 @@ def test_engine_on_the_kernels_serves_what_it_serves_on_the_references(
     assert on_kernels == serve(pair, False, spec, sampling)
     if sampling.is_greedy:
         assert on_kernels == serve(pair, True, SpecParams("ar"), sampling)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_a_batched_prefill_gives_each_prompt_what_its_prefill_alone_gives(
+        pair, kernels: bool) -> None:
+    """Bitwise on the kernels (fixed tiles, per-query attention); on the CPU references the
+    GEMM's blocking may follow the row count, so there only within rounding."""
+    from ddtree.models.meta import causal_meta, prompts_meta
+
+    target, _ = pair
+    target.backend = Backend(kernels=kernels)
+    prompts = [PROMPT, PROMPT[:3], [7, 8, 9, 10, 11, 12, 13, 14, 15], [4]]
+    lengths = [len(p) for p in prompts]
+    together = target.new_pool(len(prompts), 40)
+    out = target(torch.tensor([t for p in prompts for t in p]),
+                 prompts_meta([3, 2, 1, 0], lengths, torch.device("cpu")), together, (0, 1))
+    alone = target.new_pool(len(prompts), 40)
+    offset = 0
+    for slot, prompt in zip([3, 2, 1, 0], prompts, strict=True):
+        one = target(torch.tensor(prompt), causal_meta(slot, 0, len(prompt), torch.device("cpu")),
+                     alone, (0, 1))
+        span = slice(offset, offset + len(prompt))
+        offset += len(prompt)
+        assert out.features is not None and one.features is not None
+        if kernels:
+            assert torch.equal(out.logits[span], one.logits)
+            assert torch.equal(out.features[span], one.features)
+        else:
+            torch.testing.assert_close(out.logits[span], one.logits, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out.features[span], one.features, rtol=1e-4, atol=1e-4)
+    for mine, theirs in ((together.k, alone.k), (together.v, alone.v)):
+        assert torch.equal(mine, theirs) if kernels else torch.allclose(mine, theirs, atol=1e-4)
