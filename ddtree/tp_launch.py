@@ -11,7 +11,7 @@ import datetime
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import connection
 from multiprocessing.process import BaseProcess
@@ -81,7 +81,7 @@ def rank_devices(world_size: int, device: torch.device, gpus: str = "") -> tuple
 class Group:
     """The leader's handle: its shard (`target`), the followers, the watchdog."""
 
-    def __init__(self, spec: GroupSpec, followers: list[BaseProcess]) -> None:
+    def __init__(self, spec: GroupSpec, followers: Sequence[BaseProcess]) -> None:
         self.spec, self.followers = spec, followers
         self.target: TargetModel | None = None
         self.tp: TensorParallel | None = None
@@ -148,7 +148,8 @@ def _join(spec: GroupSpec, rank: int, port: int) -> TensorParallel:
         torch.cuda.set_device(device)
     dist.init_process_group(spec.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=spec.world_size, timeout=RENDEZVOUS_TIMEOUT)
-    return TensorParallel(rank, spec.world_size, device)
+    control = dist.new_group(backend="gloo")  # every rank creates it, in the same order
+    return TensorParallel(rank, spec.world_size, device, control)
 
 
 def _follower_main(spec: GroupSpec, rank: int, port: int, leader_pid: int) -> None:

@@ -58,12 +58,15 @@ def check_shardable(config: TargetConfig, world_size: int) -> None:
 
 @dataclass(frozen=True, eq=False)
 class TensorParallel:
-    """This process's place in the group (the default process group): `device` is where
-    collective tensors live (cuda:i with NCCL, the CPU with gloo)."""
+    """This process's place in the group. The default process group carries the tensors
+    (on `device`: cuda:i with NCCL, the CPU with gloo); `control`, a gloo group, carries
+    the leader's headers from host to host, so a follower learns what comes next without
+    waiting for the leader's GPU and enqueues its work as far ahead as the leader does."""
 
     rank: int
     world_size: int
     device: torch.device
+    control: dist.ProcessGroup | None = None  # None: the default group (tests on the CPU)
 
     @property
     def is_leader(self) -> bool:
@@ -81,13 +84,13 @@ class TensorParallel:
         assert not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()), \
             "tensor-parallel forwards run eagerly: the followers' inputs come from the host"
         padded = header + [0] * (HEADER_LEN - len(header))
-        dist.broadcast(torch.tensor(padded, dtype=torch.long, device=self.device), src=0)
+        dist.broadcast(torch.tensor(padded, dtype=torch.long), src=0, group=self.control)
         if payload is not None:
             dist.broadcast(payload.to(self.device, torch.long).contiguous(), src=0)
 
     def receive_header(self) -> list[int]:
-        header = torch.empty(HEADER_LEN, dtype=torch.long, device=self.device)
-        dist.broadcast(header, src=0)
+        header = torch.empty(HEADER_LEN, dtype=torch.long)  # on the host: no device sync
+        dist.broadcast(header, src=0, group=self.control)
         return [int(x) for x in header.tolist()]
 
     def receive_payload(self, numel: int) -> Tensor:
@@ -210,7 +213,7 @@ def _keep_input_columns(linear: nn.Linear, rank: int, world: int) -> None:
     linear.weight = nn.Parameter(linear.weight.detach().chunk(world, 1)[rank].contiguous(),
                                  requires_grad=False)
     if linear.bias is not None and rank != 0:
-        linear.bias = None
+        linear.register_parameter("bias", None)
     linear.in_features = linear.weight.shape[1]
 
 
