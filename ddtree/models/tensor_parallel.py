@@ -131,8 +131,10 @@ class MirroredKVPool(KVPool):
 
     _next_id = 0
 
-    def __init__(self, tp: TensorParallel, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, tp: TensorParallel, num_layers: int, num_slots: int, max_len: int,
+                 num_kv_heads: int, head_dim: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        super().__init__(num_layers, num_slots, max_len, num_kv_heads, head_dim, device, dtype)
         self.tp = tp
         self.pool_id = MirroredKVPool._next_id
         MirroredKVPool._next_id += 1
