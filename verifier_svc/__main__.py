@@ -16,6 +16,9 @@ SHUTDOWN_GRACE_S = 10.0
 
 def main() -> int:
     config = parse_config(sys.argv[1:], os.environ)
+    # NVLink SHARP (NVLS) multicast is off unless asked for: it is not on every host's
+    # fabric and a group fails to start when NCCL picks it there (followers inherit this).
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     configure_logging(config.log_level)
     server, _ = build_server(config)
     serve_until_signalled(server, "verifier_svc", SHUTDOWN_GRACE_S)

@@ -34,6 +34,8 @@ class VerifierServiceConfig:
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     connect_timeout_s: float = 5.0  # drafter GetInfo at start-up and per reconnect try
     model_id: str = ""  # "" = the target directory's name
+    tensor_parallel_size: int = 1  # ranks sharing the target (N-1 follower processes)
+    verifier_gpus: str = ""  # "0,1": rank i on cuda:<i-th>; "" = cuda:0..N-1 (or the CPU)
     # gRPC security: the token every caller (gateway, Verify clients) must send and the
     # verifier sends the drafter; TLS files (server side, and tls_ca for the drafter link).
     grpc_token: str = field(default="", repr=False)
@@ -61,6 +63,9 @@ class VerifierServiceConfig:
             raise ValueError("kv_memory_gib must be >= 0 and session_idle_timeout_s > 0")
         if self.draft_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be > 0")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         security_of(self)  # validates the TLS files
         try:
             self.default_spec.validate(self.max_budget)
@@ -71,7 +76,9 @@ class VerifierServiceConfig:
         return EngineConfig(
             max_num_seqs=self.max_num_seqs, max_queue=self.max_queue,
             max_model_len=self.max_model_len, kv_memory_bytes=int(self.kv_memory_gib * 2**30),
-            max_budget=self.max_budget, cuda_graphs=self.cuda_graphs,
+            # The followers receive each forward's inputs from the host: TP runs eagerly.
+            max_budget=self.max_budget,
+            cuda_graphs=self.cuda_graphs and self.tensor_parallel_size == 1,
             invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens)
 
     @property
@@ -129,6 +136,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
         "--connect-timeout-s", type=float, default=float(get("CONNECT_TIMEOUT_S", "5"))
     )
     parser.add_argument("--model-id", default=get("MODEL_ID", ""))
+    parser.add_argument("--tensor-parallel-size", type=int,
+                        default=int(get("TENSOR_PARALLEL_SIZE", "1")),
+                        help="shard the target over N ranks (N-1 follower processes)")
+    parser.add_argument("--verifier-gpus", default=get("VERIFIER_GPUS", ""),
+                        help="GPU of each rank, e.g. 0,1 (default cuda:0..N-1 of the visible)")
     add_security_flags(parser, env, is_server=True, is_client=True)
     parser.add_argument("--no-reflection", dest="is_reflection", action="store_false",
                         default=get("REFLECTION", "1") != "0", help="no server reflection")

@@ -97,9 +97,11 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Ends the engine thread after its current step; False if it did not end in time."""
         self._jobs.put(None)
         self._thread.join(timeout=30)
+        return not self._thread.is_alive()
 
     def call(self, fn: Callable[[], T], timeout_s: float = 120.0) -> T:
         """Runs `fn` on the engine thread between steps; returns its result or raises."""

@@ -4,12 +4,15 @@ health, reflection)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import structlog
+import torch
 from grpc_health.v1.health import HealthServicer
 
 from ddtree.engine import Engine
@@ -23,6 +26,7 @@ from ddtree.service import (
     server_interceptors,
     set_serving,
 )
+from ddtree.tp_launch import Group, GroupSpec, rank_devices, start_group
 from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
@@ -32,6 +36,7 @@ from verifier_svc.servicer import VerifierServicer
 
 log = structlog.get_logger("verifier_svc")
 
+FOLLOWER_DIED_EXIT_CODE = 3
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
 
 
@@ -44,18 +49,22 @@ class VerifierServer:
         health: HealthServicer,
         scheduler: Scheduler,
         drafter: DrafterClient | None,
+        group: Group | None = None,
     ) -> None:
         self.server = server
         self.health = health
         self.scheduler = scheduler
         self.drafter = drafter
+        self.group = group
 
     def stop(self, grace: float | None) -> threading.Event:
         """Stops taking RPCs, lets running ones end within `grace` s, then the engine."""
         self.health.enter_graceful_shutdown()  # NOT_SERVING: balancers stop sending work
         done = self.server.stop(grace)
         done.wait()
-        self.scheduler.stop()
+        stopped = self.scheduler.stop()
+        if self.group is not None and stopped:  # the followers' last message: stop
+            self.group.stop()
         if self.drafter is not None:
             self.drafter.close()
         return done
@@ -95,7 +104,7 @@ def build_engine(config: VerifierServiceConfig, target: TargetModel,
 def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     """Loads, binds, starts and marks SERVING; -> (server, bound port). Port 0 picks one."""
     device = resolve_device(config.device)
-    target = load_target(Path(config.target), device, resolve_dtype(config.dtype, device)).eval()
+    target, group = load_verifier_target(config, device)
     drafter = None
     if config.drafter_addr:
         drafter = DrafterClient(
@@ -130,8 +139,34 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         mode=config.mode,
         drafter_addr=config.drafter_addr,
         drafter_connected=engine.drafting is not None,
+        tensor_parallel_size=config.tensor_parallel_size,
         num_kv_rows=engine.plan.num_slots,
         max_model_len=engine.max_model_len,
     )
-    return VerifierServer(server, health, scheduler, drafter), port
+    return VerifierServer(server, health, scheduler, drafter, group), port
+
+
+def load_verifier_target(config: VerifierServiceConfig, device: torch.device
+                         ) -> tuple[TargetModel, Group | None]:
+    """The target, or with --tensor-parallel-size N > 1 this process's shard (rank 0) and
+    the group of N-1 follower processes holding the others."""
+    dtype = resolve_dtype(config.dtype, device)
+    if config.tensor_parallel_size == 1:
+        return load_target(Path(config.target), device, dtype).eval(), None
+    devices = rank_devices(config.tensor_parallel_size, device, config.verifier_gpus)
+    spec = GroupSpec(config.target, dtype, devices, config.batch_invariant)
+    group = start_group(spec, _exit_on_follower_death)
+    assert group.target is not None
+    log.info("tensor_parallel_group_ready", tensor_parallel_size=spec.world_size,
+             backend=spec.backend, devices=",".join(devices))
+    return group.target, group
+
+
+def _exit_on_follower_death(rank: int, exit_code: int | None) -> None:
+    """Without a follower the engine's next collective would wait forever: end the whole
+    verifier now (ddtree serve's supervisor restarts it, followers included)."""
+    log.error("verifier_exiting_tensor_parallel_follower_died", rank=rank, exit_code=exit_code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FOLLOWER_DIED_EXIT_CODE)
 

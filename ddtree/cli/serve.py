@@ -48,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="put the drafter on GPU I (cuda:I; default: --device)")
     parser.add_argument("--verifier-gpu", type=int, default=None,
                         help="put the verifier (the target) on GPU J (cuda:J; default: --device)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="shard the target over N GPUs (the verifier's follower ranks)")
+    parser.add_argument("--verifier-gpus", default="",
+                        help="GPU of each tensor-parallel rank, e.g. 0,1 (default 0..N-1)")
     parser.add_argument(
         "--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, help="seconds"
     )
@@ -84,6 +88,10 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
     ]
     if args.max_topk:
         verifier += ["--max-topk", str(args.max_topk)]
+    if args.tensor_parallel_size != 1:
+        verifier += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.verifier_gpus:
+        verifier += ["--verifier-gpus", args.verifier_gpus]
     if drafter is not None:
         verifier += ["--drafter-addr", f"{LOOPBACK}:{args.drafter_port}"]
     commands.append(("verifier", verifier))

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,9 @@ from ddtree.models.layers import RMSNorm, Rotary, SwiGLU
 from ddtree.models.meta import AttentionMeta, tree_meta
 from ddtree.models.ops import REFERENCE, Backend
 from ddtree.models.target_config import TargetConfig
+
+if TYPE_CHECKING:
+    from ddtree.models.tensor_parallel import TensorParallel
 
 
 class TargetEmbeddings(nn.Module):
@@ -170,6 +173,7 @@ class TargetModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = build_rotary(config)
         self.backend = REFERENCE
+        self.tp: TensorParallel | None = None  # this rank's place once sharded
 
     def fuse_weights(self) -> TargetModel:
         """Fused QKV and gate/up weights (call once after loading the weights)."""
@@ -183,6 +187,10 @@ class TargetModel(nn.Module):
         in its dtype."""
         weight = self.embeddings.embed_tokens.weight
         c = self.config
+        if self.tp is not None:  # this rank's KV heads only
+            return self.tp.new_pool(c.num_layers, num_slots, max_len,
+                                    c.num_kv_heads // self.tp.world_size, c.head_dim,
+                                    weight.device, weight.dtype)
         return KVPool(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
                       weight.device, weight.dtype)
 
@@ -203,7 +211,24 @@ class TargetModel(nn.Module):
         (for the last layer that is after the final norm, as transformers returns it)."""
         self._check_feature_layers(feature_layers)
         assert input_ids.shape == (meta.num_tokens,), "one input id per meta entry"
+        if self.tp is not None:
+            self.tp.announce_forward(pool, input_ids, meta)  # the followers run it too
+        h, captured = self.run_layers(input_ids, meta, pool, feature_layers)
+        if logit_rows is not None:
+            h = h.index_select(0, logit_rows)
+        logits = ops.linear(self.backend, h, self.embeddings.lm_head.weight,
+                            out_dtype=torch.float32)
+        if not feature_layers:
+            return TargetOutput(logits, None)
+        return TargetOutput(logits, torch.cat([captured[i] for i in feature_layers], dim=-1))
+
+    def run_layers(self, input_ids: Tensor, meta: AttentionMeta, pool: KVPool,
+                   feature_layers: Sequence[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+        """The decoder stack: input_ids (T,) -> the final normed hidden states (T, H) and
+        the outputs of `feature_layers` by index. Sharded, each row-parallel output is
+        all-reduced (so every rank holds the same residual stream)."""
         backend, inv_freq = self.backend, self.rotary.inv_freq
+        reduce = self.tp.all_reduce if self.tp is not None else _unchanged
         delta = self.embeddings.embed(input_ids)  # (T, H)
         residual: Tensor | None = None
         captured: dict[int, Tensor] = {}
@@ -213,20 +238,16 @@ class TargetModel(nn.Module):
                                        layer.input_layernorm.eps, residual)
             if index - 1 in feature_layers:
                 captured[index - 1] = residual  # the output of the previous layer
-            attn = layer.self_attn(backend, h, meta, inv_freq, pool.k[index], pool.v[index])
+            attn = reduce(layer.self_attn(backend, h, meta, inv_freq, pool.k[index],
+                                          pool.v[index]))
             h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
                                        layer.post_attention_layernorm.eps, residual)
-            delta = layer.mlp.infer(backend, h)
+            delta = reduce(layer.mlp.infer(backend, h))
         h, _ = ops.rms_norm(backend, delta, self.norm.weight, self.norm.eps, residual)
         last_layer = self.config.num_layers - 1
         if last_layer in feature_layers:
             captured[last_layer] = h  # transformers reports the last layer normed
-        if logit_rows is not None:
-            h = h.index_select(0, logit_rows)
-        logits = ops.linear(backend, h, self.embeddings.lm_head.weight, out_dtype=torch.float32)
-        if not feature_layers:
-            return TargetOutput(logits, None)
-        return TargetOutput(logits, torch.cat([captured[i] for i in feature_layers], dim=-1))
+        return h, captured
 
     def causal(self, input_ids: Tensor, feature_layers: Sequence[int] = ()) -> TargetOutput:
         """A plain causal pass over whole sequences in a fresh pool (no committed prefix):
@@ -247,6 +268,10 @@ class TargetModel(nn.Module):
             if not 0 <= index < self.config.num_layers:
                 raise InvalidArgumentError(
                     f"feature layer {index} outside [0, {self.config.num_layers})")
+
+
+def _unchanged(x: Tensor) -> Tensor:
+    return x
 
 
 def _hf_name(name: str) -> str:

@@ -29,3 +29,11 @@ def test_without_placement_both_follow_device() -> None:
     commands = dict(service_commands(args, "t", "d"))
     assert device_of(commands["drafter"]) == device_of(commands["verifier"]) == "cpu"
     assert "--batch-invariant" in commands["verifier"]
+
+
+def test_tensor_parallel_flags_reach_the_verifier() -> None:
+    args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d",
+                                      "--tensor-parallel-size", "2", "--verifier-gpus", "2,3"])
+    verifier = dict(service_commands(args, "t", "d"))["verifier"]
+    assert verifier[verifier.index("--tensor-parallel-size") + 1] == "2"
+    assert verifier[verifier.index("--verifier-gpus") + 1] == "2,3"

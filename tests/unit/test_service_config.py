@@ -38,6 +38,15 @@ def test_verifier_config_reads_environment_then_flags() -> None:
     assert verifier_config(["--max-topk", "0"], env).max_topk is None
 
 
+def test_tensor_parallel_size_from_the_environment_runs_without_graphs() -> None:
+    env = {"DDTREE_TARGET": "/m/t", "DDTREE_TENSOR_PARALLEL_SIZE": "2",
+           "DDTREE_VERIFIER_GPUS": "0,1"}
+    config = verifier_config(["--mode", "ar"], env)
+    assert config.tensor_parallel_size == 2 and config.verifier_gpus == "0,1"
+    assert not config.engine_config().cuda_graphs  # followers get their inputs eagerly
+    assert verifier_config(["--mode", "ar"], {"DDTREE_TARGET": "t"}).tensor_parallel_size == 1
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -45,6 +54,7 @@ def test_verifier_config_reads_environment_then_flags() -> None:
         ["--target", "t", "--mode", "ar", "--budget", "0"],
         ["--target", "t", "--mode", "ar", "--port", "70000"],
         ["--target", "t", "--mode", "ar", "--budget", "64", "--max-budget", "32"],
+        ["--target", "t", "--mode", "ar", "--tensor-parallel-size", "0"],
     ],
 )
 def test_invalid_verifier_settings_are_usage_errors(argv: list[str]) -> None:
