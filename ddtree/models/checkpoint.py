@@ -25,7 +25,8 @@ CONFIG_NAME = "config.json"
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 # A lent GPU returns files of at most 16 MiB; the header (names, shapes, offsets) is small.
-MAX_SHARD_BYTES = 16 * 2**20 - 256 * 2**10
+MAX_SHARD_BYTES = 16 * 2**20
+HEADER_BYTES = 1024  # a safetensors file's fixed header part (length, metadata), generously
 
 
 def read_json(file: Path) -> dict[str, Any]:
@@ -137,8 +138,9 @@ def _read_file(file: Path, names: list[str], device: torch.device | str,
 def write_tensors(tensors: dict[str, Tensor], path: Path,
                   max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
     """Writes `tensors` (CPU, contiguous) into checkpoint directory `path`: one
-    `model.safetensors` when they fit in `max_shard_bytes`, else shards of at most that
-    many tensor bytes each (tensors in name order, a new shard when the next would not fit)
+    `model.safetensors` when it fits in `max_shard_bytes`, else shard files of at most
+    that many bytes each, header included (tensors in name order, a new shard when the
+    next would not fit)
     plus the index. Weight files of an earlier save are removed first, so the loader never
     sees a stale single file beside new shards. Returns the files written."""
     path = Path(path)
@@ -146,15 +148,16 @@ def write_tensors(tensors: dict[str, Tensor], path: Path,
     for old in [path / SINGLE_NAME, path / INDEX_NAME, *path.glob("model-*-of-*.safetensors")]:
         old.unlink(missing_ok=True)
     groups: list[list[str]] = [[]]
-    size = 0
+    size = HEADER_BYTES
     for name in sorted(tensors):
-        nbytes = tensors[name].numel() * tensors[name].element_size()
-        if nbytes > max_shard_bytes:
+        # the tensor's bytes and its header entry (name, dtype, shape, offsets as JSON)
+        nbytes = tensors[name].numel() * tensors[name].element_size() + len(name) + 128
+        if HEADER_BYTES + nbytes > max_shard_bytes:
             raise CheckpointError(f"tensor {name} ({nbytes} bytes) exceeds the shard limit "
                                   f"of {max_shard_bytes} bytes")
         if groups[-1] and size + nbytes > max_shard_bytes:
             groups.append([])
-            size = 0
+            size = HEADER_BYTES
         groups[-1].append(name)
         size += nbytes
     if len(groups) == 1:

@@ -24,6 +24,7 @@ from ddtree.training.data import (
     position_weights,
     sample_anchors,
 )
+from ddtree.training.loss import TargetFeatures
 from ddtree.training.prompts import PromptConfig, build_prompts, encode_prompts
 from ddtree.training.responses import (
     ResponseConfig,
@@ -33,7 +34,6 @@ from ddtree.training.responses import (
     pack_sequences,
     shard_path,
 )
-from ddtree.training.loss import TargetFeatures
 from ddtree.training.trainer import lr_factor
 
 SPEC_BENCH = Path(__file__).resolve().parents[3] / "shared" / "prompts" / "spec_bench"
