@@ -70,9 +70,10 @@ def read_shard(path: Path) -> dict[str, np.ndarray]:
         return {name: data[name] for name in data.files}
 
 
-def shard_files(work_dir: Path) -> list[Path]:
-    """The finished `.npz` shards (and carried packs) of a work dir, sorted by name."""
-    return sorted((Path(work_dir) / RESPONSES).glob("*.npz"))
+def shard_files(work_dir: Path, pattern: str = "*.npz") -> list[Path]:
+    """The finished `.npz` shards (and carried packs) of a work dir, sorted by name;
+    `pattern` = "shard-*.npz" for this work dir's own shards only."""
+    return sorted((Path(work_dir) / RESPONSES).glob(pattern))
 
 
 def next_shard_path(work_dir: Path) -> Path:
@@ -105,12 +106,14 @@ def merge(shards: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def export_packs(work_dir: Path, out_dir: Path, max_files: int,
-                 max_bytes: int = MAX_PACK_BYTES, prefix: str = "tokens") -> dict[str, Any]:
+                 max_bytes: int = MAX_PACK_BYTES, prefix: str = "tokens",
+                 pattern: str = "*.npz") -> dict[str, Any]:
     """Merges the work dir's shards into at most `max_files` files `<prefix>-NNNNN.npz` of
     at most `max_bytes` each (whole shards, in order; what does not fit stays behind and
     is counted). Shards compressed apart bound the merged file's size; a file that still
-    comes out too large is rewritten with one shard fewer."""
-    paths = shard_files(work_dir)
+    comes out too large is rewritten with one shard fewer. `pattern` selects the shards
+    (e.g. only this session's, not the carried ones)."""
+    paths = shard_files(work_dir, pattern)
     sizes = [p.stat().st_size for p in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
