@@ -59,8 +59,9 @@ def pack(sequences: Sequence[tuple[int, list[int], list[int], float, bool]], dig
 def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
+    named: dict[str, Any] = dict(arrays)  # numpy's stubs type **kwds loosely
     with open(partial, "wb") as handle:
-        np.savez_compressed(handle, **arrays)
+        np.savez_compressed(handle, **named)
     os.replace(partial, path)
     return path
 
