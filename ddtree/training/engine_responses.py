@@ -105,6 +105,7 @@ def generate_with_engine(
     stops = frozenset(stop_token_ids)
     live: dict[str, tuple[int, list[int]]] = {}  # request id -> (prompt index, response)
     counts = {"num_sequences": 0, "num_response_tokens": 0, "num_ended": 0, "num_cut": 0}
+    prefill_seconds = 0.0  # the engine's eager prefills, summed over rows
 
     def finish(request_id: str, ended: bool) -> None:
         index, response = live.pop(request_id)
@@ -129,6 +130,8 @@ def generate_with_engine(
         for request_id, result in engine.step():
             if request_id not in live:
                 continue
+            if result.acceptance_length == 0 and result.stats is not None:  # the prefill
+                prefill_seconds += result.stats.stage_seconds["prefill"]
             response = live[request_id][1]
             for token in result.new_tokens:
                 response.append(token)
@@ -150,5 +153,6 @@ def generate_with_engine(
     seconds = clock() - gen_start
     return {**counts, "num_prompts_left": len(todo), "num_prompts_done_before": len(done),
             "num_slots": capacity, "generate_seconds": round(seconds, 2),
+            "prefill_seconds": round(prefill_seconds, 2),
             "tokens_per_second": round(counts["num_response_tokens"] / max(seconds, 1e-9), 1),
             "shards": [p.name for p in writer.paths], "digest": digest}
