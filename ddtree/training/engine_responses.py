@@ -47,6 +47,9 @@ class EngineGenConfig:
     max_seconds: float | None = None  # then cut the running rows and stop
     shard_tokens: int = 1_000_000  # write a shard once this many tokens are finished
     cuda_graphs: bool = True
+    # Prompt tokens prefilled per step: bounds a step's time (the deadline is checked
+    # between steps), so a wave of refills spreads over a few steps.
+    max_prefill_tokens: int = 8192
 
 
 def prompt_sampling(index: int, config: EngineGenConfig) -> SamplingParams:
@@ -98,7 +101,7 @@ def generate_with_engine(
     engine = build_engine(target, None, EngineConfig(
         max_num_seqs=config.max_num_seqs, max_queue=config.max_num_seqs,
         max_model_len=max_prompt + config.max_new_tokens + 1, max_budget=1,
-        cuda_graphs=config.cuda_graphs, max_prefill_tokens=1 << 20))
+        cuda_graphs=config.cuda_graphs, max_prefill_tokens=config.max_prefill_tokens))
     capacity = engine.plan.num_slots
     refill = max(1, int(capacity * config.refill_fraction))
     writer = _Writer(Path(work_dir), digest, target.config.vocab_size, config.shard_tokens)

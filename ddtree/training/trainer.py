@@ -324,6 +324,8 @@ class Trainer:
         bar = tqdm(total=config.max_steps, initial=p.step, desc="train drafter", unit="step",
                    disable=not progress)
         with open(self.train_dir / "log.jsonl", "a" if resumed else "w") as log:
+            if config.eval_every and p.step == 0:
+                self.check(log, on_best)  # the starting point (e.g. the grown checkpoint)
             while not p.early_stopped:
                 p.elapsed = time.perf_counter() - start
                 budget = p.elapsed / config.max_seconds if config.max_seconds else 0.0

@@ -150,6 +150,9 @@ def shape(args: argparse.Namespace) -> dict[str, Any]:
 
 def train(args: argparse.Namespace, clock: Clock, report: dict[str, Any]) -> None:
     store = SequenceStore.load(completed_shards(args.work_dir))
+    if len(store) < 8:
+        report["train"] = {"skipped": f"{len(store)} usable answers"}
+        return
     init_from = None if args.init_from == "none" else args.init_from
     config = TrainConfig(**shape(args), block_size=16, num_anchors=args.num_anchors,
                          batch_size=args.batch_size, lr=args.lr, max_steps=10_000_000,

@@ -252,7 +252,7 @@ def test_training_stops_early_when_held_out_acceptance_is_flat(pair: tuple[Path,
     config = small_config(lr=0.0, max_steps=100, eval_every=2, patience=2)
     trainer = Trainer(target_dir, store, tmp_path, config, torch.device("cpu"))
     run = trainer.fit(resume=False, progress=False)
-    assert run.early_stopped and run.step == 6 and run.best_step == 2
+    assert run.early_stopped and run.step == 4 and run.best_step == 0  # evals at 0, 2, 4
     evals = [json.loads(line)["eval"] for line in (tmp_path / "train" / "log.jsonl").open()
              if "eval" in json.loads(line)]
     assert len(evals) == 3 and len({e["tau"] for e in evals}) == 1
