@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -115,6 +116,7 @@ def generate(args: argparse.Namespace, clock: Clock, report: dict[str, Any]) -> 
     stats = generate_with_engine(target, recipe.load_prompt_ids(args.work_dir),
                                  args.work_dir, config, stops)
     del target
+    gc.collect()  # the engine (KV pool, graphs) may sit in reference cycles
     if device.type == "cuda":
         torch.cuda.empty_cache()
     max_files = MAX_OUT_FILES - DRAFTER_FILES - 2  # train_log.jsonl and report.json
