@@ -73,6 +73,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test on a tiny pair)")
     p.add_argument("--init-from", default="models/smollm2-135m-dflash",
                    help="drafter checkpoint to start from ('none': random)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue <work-dir>/train/state.pt (a warm machine's earlier call)")
     p.add_argument("--kl-weight", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--batch-size", type=int, default=32)
@@ -165,7 +167,7 @@ def train(args: argparse.Namespace, clock: Clock, report: dict[str, Any]) -> Non
     budget = min(args.train_seconds, clock.left() - args.final_reserve)
     trainer.config = dataclasses.replace(config, max_seconds=max(budget, 1.0))
     drafter_dir = args.out / "drafter"
-    run = trainer.fit(resume=False, progress=False,
+    run = trainer.fit(resume=args.resume, progress=False,
                       on_best=lambda d: write_drafter(d, drafter_dir))
     write_drafter(trainer.drafter, drafter_dir)  # the best weights (fit restored them)
     shutil.copy2(trainer.train_dir / "log.jsonl", args.out / "train_log.jsonl")

@@ -16,7 +16,10 @@
 #   GEN_SECONDS [150]  GEN_SEQS [512]  MAX_NEW_TOKENS [1024]  NUM_PROMPTS [24000]
 #   TRAIN_SECONDS [330]  SHAPE [big | current]  INIT_FROM [models/smollm2-135m-dflash | none]
 #   KL_WEIGHT [0]  LR [6e-4]  EVAL_EVERY [200 steps]  PATIENCE [5 evaluations]  DATA_IN []
-#   LAYERS / MLP / TARGET_LAYERS (e.g. 4 / 1536 / 1,8,14,20,27): override SHAPE's fields
+#   LAYERS / MLP / TARGET_LAYERS (e.g. 4 / 1536 / 1,8,14,27): override SHAPE's fields
+#   RESUME=1: continue the training state a previous call left on this (warm) machine
+# Next session: carry $OUT/data/*.npz as DATA_IN=<dir> (those prompts are not redone) and
+# INIT_FROM=<the returned drafter dir> to continue from this call's drafter.
 #   table: DRAFTER [/tmp/ddtree-drafter-new]  PROMPT_SETS [spec-bench JSONL found + humaneval]
 #          TABLE_PROMPTS [10 per set]  TABLE_TOKENS [128]  TABLE_SECONDS [105]
 set -uo pipefail
@@ -34,7 +37,7 @@ train)
     --train-seconds "${TRAIN_SECONDS:-330}" --shape "${SHAPE:-big}" \
     --init-from "${INIT_FROM:-models/smollm2-135m-dflash}" --kl-weight "${KL_WEIGHT:-0}" \
     --lr "${LR:-6e-4}" --eval-every "${EVAL_EVERY:-200}" --patience "${PATIENCE:-5}" \
-    ${DATA_IN:+--data-in "$DATA_IN"} ${LAYERS:+--num-layers "$LAYERS"} \
+    ${DATA_IN:+--data-in "$DATA_IN"} ${RESUME:+--resume} ${LAYERS:+--num-layers "$LAYERS"} \
     ${MLP:+--intermediate-size "$MLP"} ${TARGET_LAYERS:+--target-layer-ids "$TARGET_LAYERS"}
   rc=$?
   echo "lease_drafter train: exit $rc after $(python3 -c "import time; print(round(time.time() - $START))") s"
