@@ -165,7 +165,9 @@ def train(args: argparse.Namespace, clock: Clock, report: dict[str, Any]) -> Non
                          eval_fraction=0.02, kl_weight=args.kl_weight, init_from=init_from)
     trainer = Trainer(args.target, store, args.work_dir, config, torch.device(args.device))
     budget = min(args.train_seconds, clock.left() - args.final_reserve)
-    trainer.config = dataclasses.replace(config, max_seconds=max(budget, 1.0))
+    # A resumed run's clock includes the earlier call's seconds: this call adds `budget`.
+    before = trainer.progress.elapsed if args.resume and trainer.load_state() else 0.0
+    trainer.config = dataclasses.replace(config, max_seconds=before + max(budget, 1.0))
     drafter_dir = args.out / "drafter"
     run = trainer.fit(resume=args.resume, progress=False,
                       on_best=lambda d: write_drafter(d, drafter_dir))
