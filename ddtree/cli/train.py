@@ -49,6 +49,10 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--temperature", type=float, default=0.8)
     group.add_argument("--generate-seconds", type=float, default=None,
                        help="start no new shard after this many seconds")
+    group.add_argument("--generator", choices=("transformers", "engine"), default="transformers",
+                       help="engine: the project's batched engine (ar, CUDA graphs on a GPU)")
+    group.add_argument("--gen-max-num-seqs", type=int, default=512,
+                       help="engine rows at once (--generator engine)")
 
 
 def add_train_options(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +73,14 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-every", type=int, default=10)
     group.add_argument("--save-every", type=int, default=200)
     group.add_argument("--resume", action="store_true", help="continue <work-dir>/train/state.pt")
+    group.add_argument("--init-from", default=None,
+                       help="start from this drafter checkpoint (also a smaller shape)")
+    group.add_argument("--kl-weight", type=float, default=0.0,
+                       help="share of KL(target || drafter) in the loss (0 = tokens only)")
+    group.add_argument("--eval-every", type=int, default=0,
+                       help="steps between held-out acceptance evaluations (0 = at the end)")
+    group.add_argument("--patience", type=int, default=0,
+                       help="evaluations without gain before stopping early (0 = never)")
 
 
 def configs_from_args(args: argparse.Namespace):  # noqa: ANN201
@@ -90,7 +102,9 @@ def configs_from_args(args: argparse.Namespace):  # noqa: ANN201
                     target_layer_ids=layer_ids, block_size=args.block_size,
                     num_anchors=args.num_anchors, batch_size=args.batch_size, lr=args.lr,
                     max_steps=args.max_steps, max_seconds=args.train_seconds,
-                    log_every=args.log_every, save_every=args.save_every, seed=args.seed),
+                    log_every=args.log_every, save_every=args.save_every, seed=args.seed,
+                    kl_weight=args.kl_weight, eval_every=args.eval_every,
+                    patience=args.patience, init_from=args.init_from),
     )
 
 
@@ -107,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
     if args.stage in ("prompts", "all"):
         report["prompts"] = recipe.prompts_stage(args.target, work_dir, prompt_config,
                                                  args.max_prompt_tokens)
-    if args.stage in ("generate", "all"):
+    if args.stage in ("generate", "all") and args.generator == "engine":
+        report["responses"] = recipe.engine_generate_stage(
+            args.target, work_dir, response_config, args.gen_max_num_seqs, device)
+    elif args.stage in ("generate", "all"):
         report["responses"] = recipe.generate_stage(args.target, work_dir, response_config,
                                                     device, progress)
     if args.stage in ("train", "all"):

@@ -1,5 +1,6 @@
-"""Reading HF-format checkpoint directories: `config.json` and safetensors weights, either
-one `model.safetensors` or shards listed by `model.safetensors.index.json`.
+"""Reading and writing HF-format checkpoint directories: `config.json` and safetensors
+weights, either one `model.safetensors` or shards `model-0000i-of-0000N.safetensors` listed
+by `model.safetensors.index.json` (transformers' and z-lab's layout).
 
 Only JSON and safetensors are ever parsed (no pickle, no remote code), so a checkpoint from
 the Hub cannot run code here. Every failure a user can cause (missing directory or file,
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from ddtree.errors import CheckpointError
@@ -22,6 +24,9 @@ from ddtree.errors import CheckpointError
 CONFIG_NAME = "config.json"
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# A lent GPU returns files of at most 16 MiB; the header (names, shapes, offsets) is small.
+MAX_SHARD_BYTES = 16 * 2**20
+HEADER_BYTES = 1024  # a safetensors file's fixed header part (length, metadata), generously
 
 
 def read_json(file: Path) -> dict[str, Any]:
@@ -128,3 +133,43 @@ def _read_file(file: Path, names: list[str], device: torch.device | str,
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"corrupt safetensors file {file}: {exc}") from exc
     return out
+
+
+def write_tensors(tensors: dict[str, Tensor], path: Path,
+                  max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+    """Writes `tensors` (CPU, contiguous) into checkpoint directory `path`: one
+    `model.safetensors` when it fits in `max_shard_bytes`, else shard files of at most
+    that many bytes each, header included (tensors in name order, a new shard when the
+    next would not fit)
+    plus the index. Weight files of an earlier save are removed first, so the loader never
+    sees a stale single file beside new shards. Returns the files written."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for old in [path / SINGLE_NAME, path / INDEX_NAME, *path.glob("model-*-of-*.safetensors")]:
+        old.unlink(missing_ok=True)
+    groups: list[list[str]] = [[]]
+    size = HEADER_BYTES
+    for name in sorted(tensors):
+        # the tensor's bytes and its header entry (name, dtype, shape, offsets as JSON)
+        nbytes = tensors[name].numel() * tensors[name].element_size() + len(name) + 128
+        if HEADER_BYTES + nbytes > max_shard_bytes:
+            raise CheckpointError(f"tensor {name} ({nbytes} bytes) exceeds the shard limit "
+                                  f"of {max_shard_bytes} bytes")
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append([])
+            size = HEADER_BYTES
+        groups[-1].append(name)
+        size += nbytes
+    if len(groups) == 1:
+        save_file(tensors, str(path / SINGLE_NAME), metadata={"format": "pt"})
+        return [path / SINGLE_NAME]
+    files, weight_map = [], {}
+    for i, names in enumerate(groups):
+        file = path / f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file({n: tensors[n] for n in names}, str(file), metadata={"format": "pt"})
+        files.append(file)
+        weight_map.update(dict.fromkeys(names, file.name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return [*files, path / INDEX_NAME]

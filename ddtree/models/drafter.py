@@ -23,12 +23,17 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ddtree.errors import CheckpointError, IncompatibleModelsError
 from ddtree.models import ops
-from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
+from ddtree.models.checkpoint import (
+    MAX_SHARD_BYTES,
+    read_config,
+    read_tensors,
+    require_tensors,
+    write_tensors,
+)
 from ddtree.models.drafter_config import DrafterConfig
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, attend
@@ -297,13 +302,16 @@ def load_drafter(path: Path | str, target_config: TargetConfig, device: torch.de
     return drafter.eval().fuse_weights()
 
 
-def save_drafter(drafter: DFlashDrafter, path: Path | str) -> None:
-    """Writes `path/config.json` and `path/model.safetensors` in z-lab's format (weights
-    in the drafter's dtype; `mask_embedding` only when the drafter has one)."""
+def save_drafter(drafter: DFlashDrafter, path: Path | str,
+                 max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+    """Writes `path/config.json` and the weights in z-lab's format (in the drafter's dtype;
+    `mask_embedding` only when the drafter has one): one `model.safetensors`, or shards of
+    at most `max_shard_bytes` plus `model.safetensors.index.json` when larger. Returns the
+    files written."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = drafter.config.to_hf()
     config["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     state = {name: t.detach().to("cpu").contiguous() for name, t in drafter.state_dict().items()}
-    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    return [path / "config.json", *write_tensors(state, path, max_shard_bytes)]

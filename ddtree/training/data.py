@@ -10,7 +10,7 @@ directions), never another block (ALGORITHMS.md section 5).
 
 from __future__ import annotations
 
-import math
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,21 +124,27 @@ def make_batch(sequences: Sequence[tuple[Tensor, int]], block_size: int, num_anc
 class SequenceStore:
     """All (prompt + response) sequences of the response shards, flat in memory.
 
-    tokens: (total,) int32; starts, lengths, prompt_lens: (N,) int64.
+    tokens: (total,) int32; starts, lengths, prompt_lens: (N,) int64; temperatures: (N,)
+    float32, the temperature each response was generated at (0 = the target's greedy
+    answer, the sequences teacher-forced acceptance at T = 0 is exact on).
     """
 
-    def __init__(self, tokens: Tensor, starts: Tensor, lengths: Tensor, prompt_lens: Tensor):
+    def __init__(self, tokens: Tensor, starts: Tensor, lengths: Tensor, prompt_lens: Tensor,
+                 temperatures: Tensor | None = None):
         self.tokens, self.starts, self.lengths, self.prompt_lens = (
             tokens, starts, lengths, prompt_lens)
+        self.temperatures = (temperatures if temperatures is not None
+                             else torch.zeros(len(starts), dtype=torch.float32))
 
     @classmethod
     def load(cls, shard_paths: Sequence[Path], min_response: int = 2) -> SequenceStore:
-        """Reads shards written by `ddtree.training.responses`; drops responses shorter
-        than `min_response` tokens (no block fits)."""
-        tokens, starts, lengths, prompt_lens = [], [], [], []
+        """Reads shards written by `ddtree.training.responses` (`.pt`) or
+        `ddtree.training.shards` (`.npz`); drops responses shorter than `min_response`
+        tokens (no block fits)."""
+        tokens, starts, lengths, prompt_lens, temps = [], [], [], [], []
         offset = 0
         for path in shard_paths:
-            shard = torch.load(path, weights_only=True)
+            shard = _read_any_shard(Path(path))
             bounds = shard["offsets"]
             for i in range(len(bounds) - 1):
                 start, end = int(bounds[i]), int(bounds[i + 1])
@@ -149,10 +155,12 @@ class SequenceStore:
                 starts.append(offset)
                 lengths.append(end - start)
                 prompt_lens.append(prompt_len)
+                temps.append(float(shard["temperature"][i]))
                 offset += end - start
         flat = torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.int32)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-        return cls(flat, as_long(starts), as_long(lengths), as_long(prompt_lens))
+        return cls(flat, as_long(starts), as_long(lengths), as_long(prompt_lens),
+                   torch.tensor(temps, dtype=torch.float32))
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -165,8 +173,39 @@ class SequenceStore:
         return int((self.lengths - self.prompt_lens).sum())
 
     def split(self, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-        """(train indices, eval indices), a seeded split; at least one eval sequence when
-        there are two or more sequences."""
-        order = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))
-        num_eval = max(0, min(len(self) - 1, max(1, math.ceil(len(self) * eval_fraction))))
-        return order[num_eval:].tolist(), order[:num_eval].tolist()
+        """(train indices, eval indices). A sequence is held out by a hash of its prompt
+        and the seed, so it stays held out when more data arrives in a later session (a
+        drafter resumed from an earlier run never trains on the new run's eval set); at
+        least one eval sequence when there are two or more sequences."""
+        if len(self) < 2:
+            return list(range(len(self))), []
+        keys = []
+        for i in range(len(self)):
+            start = int(self.starts[i])
+            prompt = self.tokens[start:start + int(self.prompt_lens[i])].numpy().tobytes()
+            digest = hashlib.blake2b(prompt, digest_size=8, salt=seed.to_bytes(8, "little",
+                                                                                signed=True))
+            keys.append(int.from_bytes(digest.digest(), "little") / 2.0**64)
+        eval_set = [i for i, key in enumerate(keys) if key < eval_fraction]
+        if not eval_set:
+            eval_set = [min(range(len(self)), key=lambda i: keys[i])]
+        if len(eval_set) == len(self):
+            eval_set = eval_set[:-1]
+        held = set(eval_set)
+        return [i for i in range(len(self)) if i not in held], eval_set
+
+
+def _read_any_shard(path: Path) -> dict[str, Tensor]:
+    """A shard's tokens (int32), offsets, prompt lengths and temperatures as tensors."""
+    if path.suffix == ".npz":
+        from ddtree.training.shards import read_shard
+
+        shard = read_shard(path)
+        return {"tokens": torch.from_numpy(shard["tokens"].astype(np.int32)),
+                "offsets": torch.from_numpy(shard["offsets"]),
+                "prompt_lens": torch.from_numpy(shard["prompt_lens"].astype(np.int64)),
+                "temperature": torch.from_numpy(shard["temperature"])}
+    shard = torch.load(path, weights_only=True)
+    if "temperature" not in shard:
+        shard["temperature"] = torch.zeros(len(shard["prompt_lens"]))
+    return shard

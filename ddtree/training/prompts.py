@@ -26,7 +26,7 @@ import re
 import site
 import sys
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,19 +94,34 @@ def site_package_dirs() -> list[Path]:
     return sorted({Path(p) for p in candidates if Path(p).is_dir()})
 
 
-def function_stubs(tree: ast.Module, module: str) -> Iterator[tuple[str, str, str, str]]:
-    """(stub, qualname, summary, docstring) for each documented public function of a parsed
-    file: stub = the def line(s) + docstring with the body removed."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        doc = ast.get_docstring(node)
-        if not doc or node.name.startswith("_") or len(doc) < 20:
-            continue
-        stub_node = copy.copy(node)  # shallow: only body and decorators change
-        stub_node.body, stub_node.decorator_list = [node.body[0]], []
-        stub = ast.unparse(stub_node)
-        yield stub, f"{module}.{node.name}", doc.strip().splitlines()[0].strip(), doc
+def documented_functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Public functions and methods with a docstring of 20+ characters, in source order.
+    Only module and class bodies are searched (not function bodies: nested helpers are
+    rarely documented, and walking every expression of a big file was most of the time
+    prompt building took)."""
+    found: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        for child in reversed(getattr(node, "body", [])):
+            if isinstance(child, ast.ClassDef):
+                todo.append(child)
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(child)
+                if doc and not child.name.startswith("_") and len(doc) >= 20:
+                    found.append(child)
+    return found
+
+
+def function_stub(node: ast.FunctionDef | ast.AsyncFunctionDef,
+                  module: str) -> tuple[str, str, str, str]:
+    """(stub, qualname, summary, docstring): stub = the def line(s) + docstring with the
+    body removed."""
+    doc = ast.get_docstring(node) or ""
+    stub_node = copy.copy(node)  # shallow: only body and decorators change
+    stub_node.body, stub_node.decorator_list = [node.body[0]], []
+    return (ast.unparse(stub_node), f"{module}.{node.name}",
+            doc.strip().splitlines()[0].strip(), doc)
 
 
 def prose_paragraphs(text: str) -> list[str]:
@@ -177,8 +192,9 @@ def _add_file_prompts(pools: dict[str, list[Prompt]], source: str, module: str,
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return
-    stubs = list(function_stubs(tree, module))
-    for stub, qualname, summary, doc in rng.sample(stubs, min(PER_FILE, len(stubs))):
+    candidates = documented_functions(tree)
+    for node in rng.sample(candidates, min(PER_FILE, len(candidates))):
+        stub, qualname, summary, doc = function_stub(node, module)
         pools["implement"].append(Prompt(rng.choice(templates.IMPLEMENT).format(stub=stub),
                                          "implement"))
         name = qualname.rsplit(".", 1)[-1]

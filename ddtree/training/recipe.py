@@ -2,7 +2,8 @@
 job cut into short calls (a lent GPU, 10 minutes a call) can run one stage per call:
 
   prompts   -> <work_dir>/prompts.pt          (token ids in the target's chat form)
-  generate  -> <work_dir>/responses/*.pt      (the target's own answers; resumable)
+  generate  -> <work_dir>/responses/*.pt|npz  (the target's own answers; resumable;
+                                               transformers, or the batched engine)
   train     -> <work_dir>/train/*, out_dir    (the drafter in z-lab's format)
 """
 
@@ -103,6 +104,26 @@ def generate_stage(target_dir: Path, work_dir: Path, config: ResponseConfig,
     stats["seconds"] = round(time.perf_counter() - start, 1)
     stats["num_prompts"] = len(prompts)
     return stats
+
+
+def engine_generate_stage(target_dir: Path, work_dir: Path, config: ResponseConfig,
+                          max_num_seqs: int, device: torch.device) -> dict[str, Any]:
+    """The generate stage through the project's batched engine (ar mode) instead of
+    transformers: same prompts and sampling recipe, `.npz` shards (ddtree.training.shards)."""
+    from ddtree.models.target import load_target
+    from ddtree.training.engine_responses import EngineGenConfig, generate_with_engine
+
+    prompts = load_prompt_ids(Path(work_dir))
+    stops, _ = stop_and_pad_ids(Path(target_dir))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target = load_target(Path(target_dir), device, dtype)
+    engine_config = EngineGenConfig(
+        max_new_tokens=config.max_new_tokens, max_num_seqs=max_num_seqs,
+        sample_fraction=config.sample_fraction, temperature=config.temperature,
+        top_p=config.top_p, seed=config.seed, max_seconds=config.max_seconds,
+        cuda_graphs=device.type == "cuda")
+    stats = generate_with_engine(target, prompts, Path(work_dir), engine_config, stops)
+    return {**stats, **response_stats(Path(work_dir), stops)}
 
 
 def response_stats(work_dir: Path, stop_token_ids: list[int]) -> dict[str, Any]:

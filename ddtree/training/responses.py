@@ -46,7 +46,11 @@ def shard_path(work_dir: Path, index: int) -> Path:
 
 
 def completed_shards(work_dir: Path) -> list[Path]:
-    return sorted((work_dir / "responses").glob("shard-*.pt"))
+    """The `.pt` shards of this module, then the `.npz` shards of the engine's generator
+    and carried packs (ddtree.training.shards)."""
+    work_dir = Path(work_dir)
+    return sorted((work_dir / "responses").glob("shard-*.pt")) + sorted(
+        (work_dir / "responses").glob("*.npz"))
 
 
 def load_generator_model(target_dir: Path, device: torch.device,

@@ -6,7 +6,10 @@ share one GPU without slowing each other much. Acceptance length does not depend
 timing; tokens/s from this run are NOT comparable (use `ddtree bench` alone for speed).
 
     python scripts/gpu/acceptance_table.py --target T --drafter D --prompts DIR/*.jsonl \
-        --out docs/acceptance.md --json-out $OUT/acceptance.json
+        --out docs/acceptance.md --json-out $OUT/acceptance.json [--timeout 105]
+
+With --timeout, runs still going at the deadline are killed and the table holds the rest
+(a lent GPU call has a hard limit).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -31,6 +35,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--jobs", type=int, default=0, help="processes at once (0 = all)")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=0,
+                        help="seconds for all runs; stragglers are killed and left out (0 = none)")
     parser.add_argument("--out", help="markdown table file")
     parser.add_argument("--json-out", help="all rows as JSON")
     return parser.parse_args()
@@ -47,6 +53,17 @@ def launch(args: argparse.Namespace, prompt_file: str, temperature: str,
         "--seed", "1234", "--warmup", str(args.warmup), "--json-out", str(out), "--no-progress",
     ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL), out
+
+
+def finished(proc: subprocess.Popen, deadline: float | None) -> bool:
+    """Waits for one run until the deadline; kills it past the deadline. True on success."""
+    try:
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        return proc.wait(timeout=left) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
 
 
 def to_markdown(rows: list[dict], budgets: list[int]) -> str:
@@ -73,9 +90,10 @@ def main() -> int:
         width = args.jobs or len(todo)
         jobs: list[tuple[subprocess.Popen, Path]] = []
         failed = []
+        deadline = time.monotonic() + args.timeout if args.timeout else None
         for start in range(0, len(todo), width):
             wave = [launch(args, p, t, Path(tmp)) for p, t in todo[start:start + width]]
-            failed += [out.name for proc, out in wave if proc.wait() != 0]
+            failed += [out.name for proc, out in wave if not finished(proc, deadline)]
             jobs += wave
         rows = []
         for _, out in jobs:
