@@ -1,10 +1,11 @@
 """Checks of draft trees that come from outside (a Verify client, the drafter service):
-`validate_tree` names the first offending node of any malformed tree. Vectorised: one sort
-of (parent, token) keys finds twin siblings, pointer doubling finds depths."""
+`validate_tree` names the first offending node of any malformed tree, `invalid_rows` every
+malformed row of a padded batch of trees (the drafter's reply to a round). Vectorised: one
+sort of (parent, token) keys finds twin siblings, pointer doubling finds depths."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -31,22 +32,61 @@ def validate_tree(
     num_rows = tokens.shape[-1]
     tokens = tokens.reshape(-1, num_rows).long().cpu()  # (B, 1+N)
     parents = parents.reshape(-1, num_rows).long().cpu()
-    index = torch.arange(num_rows)
-    _fail_at(parents[:, :1] != -1, label, lambda b, i: (
-        f"parents[0] = {int(parents[b, 0])} must be -1 (node 0 is the root)"))
-    misplaced = ((parents < 0) | (parents >= index)) & (index > 0)
-    _fail_at(misplaced, label, lambda b, i: (
+    real = torch.ones_like(tokens, dtype=torch.bool)
+    for bad, message in _node_checks(tokens, parents, real, vocab_size, max_depth):
+        _fail_at(bad, label, message)
+
+
+def invalid_rows(
+    tokens: Tensor, parents: Tensor, num_nodes: Tensor, vocab_size: int, max_depth: int,
+) -> dict[int, str]:
+    """The rows of a batch of trees from outside that are malformed, with why.
+
+    tokens, parents: (B, W) int64 on the CPU; row b's tree is its first num_nodes[b] (B,)
+    nodes (1 <= num_nodes[b] <= W, the caller's check), the rest padding. The same checks
+    and words as `validate_tree`, for all rows at once: a row's first problem names its
+    first offending node; -> {row: problem} (empty when every tree is well formed)."""
+    real = torch.arange(tokens.shape[1])[None, :] < num_nodes[:, None]  # (B, W)
+    problems: dict[int, str] = {}
+    for bad, message in _node_checks(tokens, parents, real, vocab_size, max_depth):
+        bad_rows = bad.any(dim=1)
+        if not bool(bad_rows.any()):
+            continue
+        first = bad.long().argmax(dim=1)  # (B,) the first offending node of each row
+        for b in bad_rows.nonzero()[:, 0].tolist():  # failed rows only: rare
+            if b not in problems:
+                problems[b] = "tree: " + message(b, int(first[b]))
+    return problems
+
+
+def _node_checks(
+    tokens: Tensor, parents: Tensor, real: Tensor, vocab_size: int, max_depth: int | None,
+) -> Iterator[tuple[Tensor, Callable[[int, int], str]]]:
+    """(bad (B, W) bool, message(row, node)) of each check, in order, over the real nodes
+    (real (B, W) masks padding). A check sees the offenders of earlier checks (and the
+    padding) replaced by harmless values, so each is well defined on any input; a row's
+    first failing check is its diagnosis."""
+    index = torch.arange(tokens.shape[1])
+    yield (index == 0) & (parents != -1), lambda b, i: (
+        f"parents[0] = {int(parents[b, 0])} must be -1 (node 0 is the root)")
+    misplaced = ((parents < 0) | (parents >= index)) & (index > 0) & real
+    yield misplaced, lambda b, i: (
         f"parents[{i}] = {int(parents[b, i])} must be a node before {i} "
-        "(0 <= parents[i] < i; this also rules out cycles)"))
-    _fail_at((tokens < 0) | (tokens >= vocab_size), label, lambda b, i: (
-        f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})"))
-    twin = _earlier_twin(tokens, parents, vocab_size)  # (B, 1+N): -1 or an earlier twin
-    _fail_at(twin >= 0, label, lambda b, i: (
-        f"nodes {int(twin[b, i])} and {i} are siblings with the same token {int(tokens[b, i])}"))
+        "(0 <= parents[i] < i; this also rules out cycles)")
+    safe_parents = torch.where(misplaced | ~real, 0, parents)
+    safe_parents[:, 0] = -1
+    out_of_vocab = ((tokens < 0) | (tokens >= vocab_size)) & real
+    yield out_of_vocab, lambda b, i: (
+        f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})")
+    safe_tokens = torch.where(out_of_vocab | ~real, 0, tokens)
+    # Padding comes after every real node, so it is never a real node's earlier twin.
+    twin = _earlier_twin(safe_tokens, safe_parents, vocab_size)  # (B, W): -1 or a twin
+    yield (twin >= 0) & real, lambda b, i: (
+        f"nodes {int(twin[b, i])} and {i} are siblings with the same token {int(tokens[b, i])}")
     if max_depth is not None:
-        depth = depths_from_parents(parents)
-        _fail_at(depth > max_depth, label, lambda b, i: (
-            f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}"))
+        depth = depths_from_parents(safe_parents)
+        yield (depth > max_depth) & real, lambda b, i: (
+            f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}")
 
 
 def _earlier_twin(tokens: Tensor, parents: Tensor, vocab_size: int) -> Tensor:

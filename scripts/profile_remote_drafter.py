@@ -58,11 +58,9 @@ from verifier_svc.remote_drafter import RemoteDrafter
 STAGES: tuple[tuple[Any, str, str], ...] = (
     (RemoteDrafter, "propose", "v.propose"),
     (RemoteDrafter, "_request", "v.pack"),
-    (RemoteDrafter, "_items", "v.pack"),  # before the batched wire format
     (DrafterClient, "exchange", "v.exchange"),
     (DrafterServicer, "_draft_round", "d.round"),
     (DrafterServicer, "_pack", "d.pack"),
-    (DrafterServicer, "_propose", "d.propose_pack"),  # before: graph call plus packing
     (GraphDrafter, "propose", "d.graph"),
     (GraphDrafter, "_run", "d.forward"),
 )
@@ -104,8 +102,6 @@ class Timers:
 
 def split(s: dict[str, float]) -> dict[str, float]:
     """The reported stages from one round's summed labels (seconds)."""
-    if "d.propose_pack" in s:
-        s["d.pack"] = s["d.propose_pack"] - s["d.graph"]
     return {
         "verifier pack": s["v.pack"],
         "rpc wait": s["v.exchange"] - s["d.round"],
