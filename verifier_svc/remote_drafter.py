@@ -156,7 +156,7 @@ class RemoteDrafter:
             for row in rows:
                 self._stop_drafting(row, reason)
             return
-        problems = self._problems(rows, trees, vocab_size, width - 1)
+        problems = self.tree_problems(rows, trees, vocab_size, width - 1)
         good = [j for j in range(len(rows)) if j not in problems]
         for j, problem in sorted(problems.items()):
             self._stop_drafting(rows[j], problem)
@@ -174,7 +174,7 @@ class RemoteDrafter:
                               (DEPTH, depths_from_parents(parents)), (VALID, real.long())):
             host[plane, index, :tree_width] = values
 
-    def _problems(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
+    def tree_problems(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
                   max_nodes: int) -> dict[int, str]:
         """Why each bad row's tree cannot be verified (row index in the batch -> reason),
         in the order of the checks; vectorised over the rows."""
