@@ -73,6 +73,10 @@ class _DraftStream:
                 raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s") from None
             if isinstance(reply, Exception):
                 raise reply
+            # A wait can return after its timeout with a reply that landed late (a busy
+            # host schedules the waiter late): late is late, whenever it is noticed.
+            if time.monotonic() > deadline:
+                raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s")
             if reply.round_id == request.round_id:
                 return reply
 

@@ -26,8 +26,7 @@ from ddtree.engine.draft_graphs import segment_rows
 from ddtree.engine.round import RoundBuffers
 from ddtree.engine.rows import Row
 from ddtree.errors import TreeValidationError
-from ddtree.tree import depths_from_parents
-from ddtree.tree_validation import invalid_rows
+from ddtree.tree_validation import host_depths, invalid_rows
 from ddtree.v1 import drafter_pb2
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
 
@@ -157,22 +156,20 @@ class RemoteDrafter:
                 self._stop_drafting(row, reason)
             return
         problems = self.tree_problems(rows, trees, vocab_size, width - 1)
-        good = [j for j in range(len(rows)) if j not in problems]
         for j, problem in sorted(problems.items()):
             self._stop_drafting(rows[j], problem)
-        if not good:
+        good = np.setdiff1d(np.arange(len(rows)), list(problems))
+        if not len(good):
             return
-        pick = torch.tensor(good)
-        tokens, parents = trees.tokens[pick], trees.parents[pick]  # (G, W)
-        size = torch.from_numpy(trees.num_nodes)[pick]
-        real = torch.arange(tokens.shape[1])[None, :] < size[:, None]  # (G, W)
-        parents = torch.where(real, parents, 0)  # padding under the root: depth 1
+        tokens, parents = trees.tokens.numpy()[good], trees.parents.numpy()[good]  # (G, W)
+        real = np.arange(tokens.shape[1])[None, :] < trees.num_nodes[good][:, None]
+        parents = np.where(real, parents, 0)  # padding under the root: depth 1
         parents[:, 0] = -1
-        index = torch.tensor([ordered[j][0] for j in good])
-        tree_width = tokens.shape[1]
-        for plane, values in ((TOKENS, torch.where(real, tokens, 0)), (PARENTS, parents),
-                              (DEPTH, depths_from_parents(parents)), (VALID, real.long())):
-            host[plane, index, :tree_width] = values
+        index = np.array([ordered[j][0] for j in good.tolist()])[:, None]  # (G, 1)
+        planes, tree_width = host.numpy(), tokens.shape[1]
+        for plane, values in ((TOKENS, np.where(real, tokens, 0)), (PARENTS, parents),
+                              (DEPTH, host_depths(parents)), (VALID, real)):
+            planes[plane, index, np.arange(tree_width)] = values
 
     def tree_problems(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
                   max_nodes: int) -> dict[int, str]:
@@ -197,10 +194,10 @@ class RemoteDrafter:
                                self.block_size - 1)
         for j, problem in invalid.items():
             problems.setdefault(j, f"invalid tree from the drafter: {problem}")
-        bonus = torch.tensor([row.bonus_token for row in rows])
-        for j in (trees.tokens[:, 0] != bonus).nonzero()[:, 0].tolist():
-            problems.setdefault(j, f"invalid tree from the drafter: tree root "
-                                   f"{int(trees.tokens[j, 0])} is not the bonus token {bonus[j]}")
+        bonus, roots = np.array([row.bonus_token for row in rows]), trees.tokens[:, 0].numpy()
+        for j in np.flatnonzero(roots != bonus).tolist():
+            problems.setdefault(j, f"invalid tree from the drafter: tree root {roots[j]} is "
+                                   f"not the bonus token {bonus[j]}")
         return problems
 
     def _stop_drafting(self, row: Row, reason: str) -> None:
