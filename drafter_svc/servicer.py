@@ -144,11 +144,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                     failed.update((r, exc) for r, _, _ in drafted)
                 else:
                     assert tree.valid is not None
-                    index = torch.tensor([r for r, _, _ in drafted])
-                    tokens = torch.zeros(num_rows, tree.tokens.shape[1], dtype=torch.long)
-                    parents = torch.zeros_like(tokens)
-                    tokens[index], parents[index] = tree.tokens, tree.parents
-                    num_nodes[index.numpy()] = tree.valid.sum(dim=1).numpy()
+                    tokens, parents = tree.tokens, tree.parents
+                    if len(drafted) < num_rows:  # the failed rows' trees stay empty
+                        index = torch.tensor([r for r, _, _ in drafted])
+                        tokens = torch.zeros(num_rows, tree.tokens.shape[1], dtype=torch.long)
+                        parents = torch.zeros_like(tokens)
+                        tokens[index], parents[index] = tree.tokens, tree.parents
+                    num_nodes[[r for r, _, _ in drafted]] = tree.valid.sum(dim=1).numpy()
                     for r, row, _ in drafted:
                         row.context_len = int(batch.committed_len[r])
         errors = {r: _error(exc, batch.session_ids[r]) for r, exc in failed.items()}
