@@ -172,7 +172,7 @@ class RemoteDrafter:
             planes[plane, index, np.arange(tree_width)] = values
 
     def tree_problems(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
-                  max_nodes: int) -> dict[int, str]:
+                      max_nodes: int) -> dict[int, str]:
         """Why each bad row's tree cannot be verified (row index in the batch -> reason),
         in the order of the checks; vectorised over the rows."""
         problems: dict[int, str] = {}
