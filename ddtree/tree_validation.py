@@ -1,16 +1,17 @@
 """Checks of draft trees that come from outside (a Verify client, the drafter service):
-`validate_tree` names the first offending node of any malformed tree. Vectorised: one sort
-of (parent, token) keys finds twin siblings, pointer doubling finds depths."""
+`validate_tree` names the first offending node of any malformed tree, `invalid_rows` every
+malformed row of a padded batch of trees (the drafter's reply to a round). Vectorised: one
+sort of (parent, token) keys finds twin siblings, pointer doubling finds depths."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ddtree.errors import TreeValidationError
-from ddtree.tree import depths_from_parents
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -29,40 +30,93 @@ def validate_tree(
     _check_layout(tokens, parents, max_nodes)
     label = _row_label if tokens.dim() == 2 else _tree_label
     num_rows = tokens.shape[-1]
-    tokens = tokens.reshape(-1, num_rows).long().cpu()  # (B, 1+N)
-    parents = parents.reshape(-1, num_rows).long().cpu()
-    index = torch.arange(num_rows)
-    _fail_at(parents[:, :1] != -1, label, lambda b, i: (
-        f"parents[0] = {int(parents[b, 0])} must be -1 (node 0 is the root)"))
-    misplaced = ((parents < 0) | (parents >= index)) & (index > 0)
-    _fail_at(misplaced, label, lambda b, i: (
+    tokens_np = tokens.reshape(-1, num_rows).long().cpu().numpy()  # (B, 1+N)
+    parents_np = parents.reshape(-1, num_rows).long().cpu().numpy()
+    real = np.ones(tokens_np.shape, dtype=bool)
+    for bad, message in _node_checks(tokens_np, parents_np, real, vocab_size, max_depth):
+        _fail_at(bad, label, message)
+
+
+def invalid_rows(
+    tokens: Tensor, parents: Tensor, num_nodes: Tensor, vocab_size: int, max_depth: int,
+) -> dict[int, str]:
+    """The rows of a batch of trees from outside that are malformed, with why.
+
+    tokens, parents: (B, W) int64 on the CPU; row b's tree is its first num_nodes[b] (B,)
+    nodes (1 <= num_nodes[b] <= W, the caller's check), the rest padding. The same checks
+    and words as `validate_tree`, for all rows at once: a row's first problem names its
+    first offending node; -> {row: problem} (empty when every tree is well formed)."""
+    tokens_np, parents_np = tokens.numpy(), parents.numpy()
+    real = np.arange(tokens_np.shape[1])[None, :] < num_nodes.numpy()[:, None]  # (B, W)
+    problems: dict[int, str] = {}
+    for bad, message in _node_checks(tokens_np, parents_np, real, vocab_size, max_depth):
+        bad_rows = bad.any(axis=1)
+        if not bad_rows.any():
+            continue
+        first = bad.argmax(axis=1)  # (B,) the first offending node of each row
+        for b in np.flatnonzero(bad_rows).tolist():  # failed rows only: rare
+            if b not in problems:
+                problems[b] = "tree: " + message(b, int(first[b]))
+    return problems
+
+
+def _node_checks(
+    tokens: np.ndarray, parents: np.ndarray, real: np.ndarray, vocab_size: int,
+    max_depth: int | None,
+) -> Iterator[tuple[np.ndarray, Callable[[int, int], str]]]:
+    """(bad (B, W) bool, message(row, node)) of each check, in order, over the real nodes
+    (real (B, W) masks padding). A check sees the offenders of earlier checks (and the
+    padding) replaced by harmless values, so each is well defined on any input; a row's
+    first failing check is its diagnosis. numpy: these arrays are small and on the host,
+    where a numpy op costs a fraction of a torch op's dispatch."""
+    index = np.arange(tokens.shape[1])
+    yield (index == 0) & (parents != -1), lambda b, i: (
+        f"parents[0] = {int(parents[b, 0])} must be -1 (node 0 is the root)")
+    misplaced = ((parents < 0) | (parents >= index)) & (index > 0) & real
+    yield misplaced, lambda b, i: (
         f"parents[{i}] = {int(parents[b, i])} must be a node before {i} "
-        "(0 <= parents[i] < i; this also rules out cycles)"))
-    _fail_at((tokens < 0) | (tokens >= vocab_size), label, lambda b, i: (
-        f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})"))
-    twin = _earlier_twin(tokens, parents, vocab_size)  # (B, 1+N): -1 or an earlier twin
-    _fail_at(twin >= 0, label, lambda b, i: (
-        f"nodes {int(twin[b, i])} and {i} are siblings with the same token {int(tokens[b, i])}"))
+        "(0 <= parents[i] < i; this also rules out cycles)")
+    safe_parents = np.where(misplaced | ~real, 0, parents)
+    safe_parents[:, 0] = -1
+    out_of_vocab = ((tokens < 0) | (tokens >= vocab_size)) & real
+    yield out_of_vocab, lambda b, i: (
+        f"tokens[{i}] = {int(tokens[b, i])} is outside the vocabulary [0, {vocab_size})")
+    safe_tokens = np.where(out_of_vocab | ~real, 0, tokens)
+    # Padding comes after every real node, so it is never a real node's earlier twin.
+    twin = _earlier_twin(safe_tokens, safe_parents, vocab_size)  # (B, W): -1 or a twin
+    yield (twin >= 0) & real, lambda b, i: (
+        f"nodes {int(twin[b, i])} and {i} are siblings with the same token {int(tokens[b, i])}")
     if max_depth is not None:
-        depth = depths_from_parents(parents)
-        _fail_at(depth > max_depth, label, lambda b, i: (
-            f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}"))
+        depth = host_depths(safe_parents)
+        yield (depth > max_depth) & real, lambda b, i: (
+            f"node {i} has depth {int(depth[b, i])} > max_depth {max_depth}")
 
 
-def _earlier_twin(tokens: Tensor, parents: Tensor, vocab_size: int) -> Tensor:
+def _earlier_twin(tokens: np.ndarray, parents: np.ndarray, vocab_size: int) -> np.ndarray:
     """(B, 1+N) int64: for each node, the earliest sibling with the same token, or -1.
     One stable sort of (parent, token) keys: O(N log N), no N x N table."""
-    key = parents.clamp(min=-1) * vocab_size + tokens  # parents and tokens checked first
-    order = key.sort(dim=1, stable=True).indices  # (B, 1+N), equal keys by index
-    sorted_key = key.gather(1, order)
-    same = torch.zeros_like(key, dtype=torch.bool)
+    key = parents.clip(min=-1) * vocab_size + tokens  # parents and tokens checked first
+    rows = np.arange(key.shape[0])[:, None]
+    order = np.argsort(key, axis=1, kind="stable")  # (B, 1+N), equal keys by index
+    sorted_key = key[rows, order]
+    same = np.zeros(key.shape, dtype=bool)
     same[:, 1:] = sorted_key[:, 1:] == sorted_key[:, :-1]
     # The first of each run of equal keys: the run's earliest node.
-    run_start = torch.where(same, 0, torch.arange(key.shape[1])).cummax(dim=1).values
-    first = order.gather(1, run_start)
-    twin = torch.full_like(key, -1)
-    twin.scatter_(1, order, torch.where(same, first, -1))
+    run_start = np.maximum.accumulate(np.where(same, 0, np.arange(key.shape[1])), axis=1)
+    twin = np.empty_like(key)
+    twin[rows, order] = np.where(same, order[rows, run_start], -1)
     return twin
+
+
+def host_depths(parents: np.ndarray) -> np.ndarray:
+    """(B, 1+N) depth of topologically ordered trees (ddtree.tree.depths_from_parents in
+    numpy): pointer doubling, ceil(log2(1+N)) rounds."""
+    rows = np.arange(parents.shape[0])[:, None]
+    depth = (parents >= 0).astype(np.int64)
+    hop = parents.clip(min=0)
+    for _ in range((parents.shape[1] - 1).bit_length()):
+        depth, hop = depth + depth[rows, hop], hop[rows, hop]
+    return depth
 
 
 def _check_layout(tokens: Tensor, parents: Tensor, max_nodes: int) -> None:
@@ -95,10 +149,10 @@ def _tree_label(row: int) -> str:
 
 
 def _fail_at(
-    bad: Tensor, label: Callable[[int], str], message: Callable[[int, int], str]
+    bad: np.ndarray, label: Callable[[int], str], message: Callable[[int, int], str]
 ) -> None:
     """Raises TreeValidationError for the first True of bad (B, 1+N), row-major; message
     gets (row, node)."""
-    if bool(bad.any()):
-        b, i = (int(x) for x in bad.nonzero()[0])
+    if bad.any():
+        b, i = (int(x) for x in np.argwhere(bad)[0])
         raise TreeValidationError(label(b) + message(b, i))

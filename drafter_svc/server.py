@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import structlog
 
+from ddtree.draft_codec import DRAFT_WIRE_VERSION
 from ddtree.engine import LocalDrafter
 from ddtree.engine.draft_graphs import GraphDrafter
 from ddtree.models.checkpoint import read_config
@@ -114,6 +115,7 @@ def load_models(
         vocab_size=target_config.vocab_size,
         max_budget=config.max_budget,
         num_target_layers=target_config.num_layers,
+        wire_version=DRAFT_WIRE_VERSION,
     )
     return drafter, embeddings, info, config.max_model_len or target_config.max_position_embeddings
 

@@ -1,37 +1,29 @@
-"""The Drafter gRPC servicer: decodes a round's DraftItems, drafts all of them in ONE
-batched round of the drafter (`ddtree.engine.draft_graphs`, a CUDA graph replay on a GPU),
-encodes the trees. A failed item carries its error in its DraftResult; the stream lives on."""
+"""The Drafter gRPC servicer: decodes a round (a DraftBatch, or wire version 1's
+DraftItems), drafts all its rows in ONE batched round of the drafter
+(`ddtree.engine.draft_graphs`, a CUDA graph replay on a GPU), encodes the trees. Rows are
+checked together (arrays, not a message per row); a failed row carries its error in the
+reply and the stream lives on."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
+import numpy as np
 import structlog
 import torch
 from torch import Tensor
 
-from ddtree import codec
-from ddtree.engine.draft_graphs import DraftInputs, GraphDrafter
+from ddtree import codec, draft_codec
+from ddtree.draft_codec import DraftedTrees, DraftRound
+from ddtree.engine.draft_graphs import DraftInputs, GraphDrafter, segment_rows
 from ddtree.engine.request import MODE_RULES, SpecParams
-from ddtree.errors import DDTreeError, InvalidArgumentError
+from ddtree.errors import DDTreeError, InvalidArgumentError, SessionNotFoundError
 from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from drafter_svc.sessions import DraftRow, DraftSessionTable
 
 log = structlog.get_logger("drafter_svc")
-
-
-@dataclass
-class _Prepared:
-    """One decoded item of this round: its row and the features not yet in its context."""
-
-    index: int
-    row: DraftRow
-    committed_len: int
-    bonus: int
-    pending: Tensor  # (C, k*H), C <= block_size (C = 0 for a session opened this round)
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
@@ -54,7 +46,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def Draft(
         self, request_iterator: Iterator[drafter_pb2.DraftRequest], context: grpc.ServicerContext
     ) -> Iterator[drafter_pb2.DraftResponse]:
-        """One reply per request (also for release-only requests, so replies pair up).
+        """One reply per request (also for release-only requests, so replies pair up); a
+        batch is answered with trees, items (wire version 1) with results.
 
         Sessions opened on this stream die with it: a verifier that lost the stream
         cannot continue them anyway (it falls back to ar), so their rows are freed at once.
@@ -66,58 +59,65 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             for request in request_iterator:
                 self.sessions.release(request.release_sessions)
                 opened.difference_update(request.release_sessions)
-                results = self._draft_round(list(request.items), opened)
-                yield drafter_pb2.DraftResponse(round_id=request.round_id, results=results)
+                reply = drafter_pb2.DraftResponse(round_id=request.round_id)
+                if request.items:
+                    reply.results.extend(self._draft_items(list(request.items), opened))
+                if request.HasField("batch"):
+                    reply.trees.CopyFrom(self._draft_round(request.batch, opened))
+                yield reply
         finally:
             self.sessions.release(opened)
             log.info("draft_stream_closed", peer=peer, num_released=len(opened))
 
-    def _draft_round(self, items: list[drafter_pb2.DraftItem],
+    def _draft_round(self, msg: drafter_pb2.DraftBatch, opened: set[str]) -> drafter_pb2.DraftTrees:
+        """A batch's trees; a malformed batch fails every row."""
+        try:
+            batch = draft_codec.draft_round_from_proto(msg, self.feature_width)
+        except InvalidArgumentError as exc:
+            num_rows = len(msg.session_ids)
+            empty, zeros = torch.zeros(num_rows, 1, dtype=torch.long), np.zeros(num_rows, np.int64)
+            errors = dict.fromkeys(range(num_rows), _error(exc, ""))
+            return self._pack(DraftedTrees(empty, empty, zeros, zeros, errors))
+        return self._pack(self._draft(batch, opened, {}))
+
+    def _pack(self, trees: DraftedTrees) -> drafter_pb2.DraftTrees:
+        return draft_codec.draft_trees_to_proto(trees)
+
+    def _draft_items(self, items: list[drafter_pb2.DraftItem],
                      opened: set[str]) -> list[drafter_pb2.DraftResult]:
-        results = [drafter_pb2.DraftResult(session_id=item.session_id,
-                                           committed_len=item.committed_len) for item in items]
-        prepared = []
-        with self._model_lock:
-            for index, item in enumerate(items):
-                try:
-                    prepared.append(self._prepare(index, item, opened))
-                except Exception as exc:  # noqa: BLE001 - reported per item, below
-                    _fail(results[index], exc, item.session_id)
-            if prepared:
-                try:
-                    trees = self._propose(prepared)
-                except Exception as exc:  # noqa: BLE001 - every item of the batch fails
-                    for p in prepared:
-                        _fail(results[p.index], exc, items[p.index].session_id)
-                    return results
-                for p, tree in zip(prepared, trees, strict=True):
-                    results[p.index].tree.CopyFrom(tree)
-                    p.row.context_len = p.committed_len
+        """Wire version 1: the items as one batch; an item whose features are malformed
+        fails alone."""
+        failed: dict[int, Exception] = {}
+        features = []
+        for index, item in enumerate(items):
+            try:
+                features.append(self._decode_features(item).float())
+            except InvalidArgumentError as exc:
+                failed[index] = exc
+                features.append(torch.zeros(0, self.feature_width))
+        batch = DraftRound(
+            [item.session_id for item in items],
+            np.array([item.committed_len for item in items], dtype=np.int64),
+            np.array([item.bonus_token for item in items], dtype=np.int64),
+            np.array([f.shape[0] for f in features], dtype=np.int64),
+            torch.cat(features) if features else torch.zeros(0, self.feature_width),
+            {i: item.spec for i, item in enumerate(items) if item.HasField("spec")})
+        trees = self._draft(batch, opened, failed)
+        results = []
+        for j, item in enumerate(items):
+            result = drafter_pb2.DraftResult(session_id=item.session_id,
+                                             committed_len=item.committed_len)
+            if j in trees.errors:
+                result.error, result.error_code = trees.errors[j]
+            else:
+                size = int(trees.num_nodes[j])
+                result.tree.tokens.extend(trees.tokens[j, :size].tolist())
+                result.tree.parents.extend(trees.parents[j, :size].tolist())
+            results.append(result)
         return results
 
-    def _prepare(self, index: int, item: drafter_pb2.DraftItem, opened: set[str]) -> _Prepared:
-        features = self._decode_features(item)
-        if item.session_id in opened or not item.HasField("spec"):
-            row = self.sessions.get(item.session_id, item.committed_len, features.shape[0])
-            if features.shape[0] > self.drafter.block_size:
-                raise InvalidArgumentError(
-                    f"features: {features.shape[0]} new rows exceed the block size "
-                    f"{self.drafter.block_size}")
-            return _Prepared(index, row, item.committed_len, item.bonus_token, features)
-        spec = codec.spec_from_proto(item.spec, SpecParams(), self.info.max_budget)
-        if not MODE_RULES[spec.mode].drafts:
-            raise InvalidArgumentError(f"spec.mode {spec.mode} has nothing to draft")
-        if features.shape[0] != item.committed_len:
-            raise InvalidArgumentError(
-                f"a new session needs the features of all {item.committed_len} committed "
-                f"rows, got {features.shape[0]}")
-        row = self.sessions.open(item.session_id, spec)
-        opened.add(item.session_id)
-        self.drafter.start(row.slot, item.session_id, features.to(self.device))
-        return _Prepared(index, row, item.committed_len, item.bonus_token, features[:0])
-
     def _decode_features(self, item: drafter_pb2.DraftItem) -> Tensor:
-        """-> features (C, k*H) on the CPU, checked."""
+        """-> features (C, k*H) on the CPU, checked (wire version 1)."""
         features = codec.tensor_from_proto(item.features, "features", ndim=2)
         if features.shape[1] != self.feature_width:
             raise InvalidArgumentError(
@@ -125,36 +125,119 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 f"(k={len(self.info.target_layer_ids)} layers x hidden {self.info.hidden_size})")
         if not features.is_floating_point():
             raise InvalidArgumentError(f"features: dtype {features.dtype} is not floating point")
-        if not 0 <= item.bonus_token < self.info.vocab_size:
-            raise InvalidArgumentError(
-                f"bonus_token {item.bonus_token} out of [0, {self.info.vocab_size})")
-        if item.committed_len < features.shape[0]:
-            raise InvalidArgumentError(
-                f"committed_len {item.committed_len} < {features.shape[0]} feature rows")
         return features
 
-    def _propose(self, prepared: list[_Prepared]) -> list[common_pb2.DraftTree]:
-        """Every prepared item's tree from one batched drafter round (a graph replay)."""
-        block = self.drafter.block_size
-        pending = torch.zeros(len(prepared), block, self.feature_width)
-        for j, p in enumerate(prepared):
-            pending[j, : p.pending.shape[0]] = p.pending.float()
-        tree = self.graphs.propose(DraftInputs(
-            slots=[p.row.slot for p in prepared], committed=[p.committed_len for p in prepared],
-            pending=pending, num_pending=[p.pending.shape[0] for p in prepared],
-            bonus=[p.bonus for p in prepared], budget=[p.row.num_nodes for p in prepared],
-            force_chain=[MODE_RULES[p.row.spec.mode].force_chain for p in prepared],
-            max_topk=[p.row.spec.max_topk or 0 for p in prepared]))
-        assert tree.valid is not None
-        sizes = tree.valid.sum(dim=1).tolist()
-        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-        return [common_pb2.DraftTree(tokens=tokens[j][:size], parents=parents[j][:size])
-                for j, size in enumerate(sizes)]
+    def _draft(self, batch: DraftRound, opened: set[str],
+               failed: dict[int, Exception]) -> DraftedTrees:
+        """Every row's tree from ONE batched drafter round (a graph replay); the rows in
+        `failed` (and those that fail their checks here) get their error instead."""
+        num_rows = len(batch.session_ids)
+        _check_rows(batch, self.info.vocab_size, failed)
+        tokens = parents = torch.zeros(num_rows, 1, dtype=torch.long)
+        num_nodes = np.zeros(num_rows, dtype=np.int64)
+        with self._model_lock:
+            drafted = self._rows_of(batch, opened, failed)
+            if drafted:
+                try:
+                    tree = self.graphs.propose(self._inputs(batch, drafted))
+                except Exception as exc:  # noqa: BLE001 - every row of the batch fails
+                    failed.update((r, exc) for r, _, _ in drafted)
+                else:
+                    assert tree.valid is not None
+                    tokens, parents = tree.tokens, tree.parents
+                    if len(drafted) < num_rows:  # the failed rows' trees stay empty
+                        index = torch.tensor([r for r, _, _ in drafted])
+                        tokens = torch.zeros(num_rows, tree.tokens.shape[1], dtype=torch.long)
+                        parents = torch.zeros_like(tokens)
+                        tokens[index], parents[index] = tree.tokens, tree.parents
+                    num_nodes[[r for r, _, _ in drafted]] = tree.valid.sum(dim=1).numpy()
+                    for r, row, _ in drafted:
+                        row.context_len = int(batch.committed_len[r])
+        errors = {r: _error(exc, batch.session_ids[r]) for r, exc in failed.items()}
+        return DraftedTrees(tokens, parents, num_nodes, batch.committed_len, errors)
+
+    def _rows_of(self, batch: DraftRound, opened: set[str],
+                 failed: dict[int, Exception]) -> list[tuple[int, DraftRow, bool]]:
+        """(row index, session row, opened now) of each row that drafts this round: known
+        sessions whose context ends where the new features start, and new sessions
+        (opened here, their features put in their context)."""
+        drafted = []
+        rows = self.sessions.lookup(batch.session_ids)
+        starts = batch.feature_starts
+        for r, (session_id, row) in enumerate(zip(batch.session_ids, rows, strict=True)):
+            if r in failed:
+                continue
+            committed, num_new = int(batch.committed_len[r]), int(batch.num_features[r])
+            try:
+                if session_id in opened or r not in batch.specs:
+                    drafted.append((r, self._continuing(row, session_id, committed, num_new),
+                                    False))
+                else:
+                    features = batch.features[starts[r]: starts[r] + num_new]
+                    drafted.append((r, self._open(session_id, batch.specs[r], committed,
+                                                  features, opened), True))
+            except Exception as exc:  # noqa: BLE001 - reported per row
+                failed[r] = exc
+        return drafted
+
+    def _continuing(self, row: DraftRow | None, session_id: str, committed_len: int,
+                    num_new: int) -> DraftRow:
+        """A known session whose context plus the new rows ends at committed_len."""
+        if row is None:
+            raise SessionNotFoundError(
+                f"unknown session {session_id!r}: a new session needs the features of all "
+                f"{committed_len} committed rows and its spec, got {num_new} rows")
+        if row.context_len + num_new != committed_len:
+            raise InvalidArgumentError(
+                f"draft context holds {row.context_len} tokens; {num_new} new rows do "
+                f"not end at committed length {committed_len}")
+        if num_new > self.drafter.block_size:
+            raise InvalidArgumentError(
+                f"features: {num_new} new rows exceed the block size {self.drafter.block_size}")
+        return row
+
+    def _open(self, session_id: str, msg: common_pb2.SpecParams, committed_len: int,
+              features: Tensor, opened: set[str]) -> DraftRow:
+        """A new session: its spec, and the features of all its committed rows."""
+        spec = codec.spec_from_proto(msg, SpecParams(), self.info.max_budget)
+        if not MODE_RULES[spec.mode].drafts:
+            raise InvalidArgumentError(f"spec.mode {spec.mode} has nothing to draft")
+        if features.shape[0] != committed_len:
+            raise InvalidArgumentError(
+                f"a new session needs the features of all {committed_len} committed "
+                f"rows, got {features.shape[0]}")
+        row = self.sessions.open(session_id, spec)
+        opened.add(session_id)
+        self.drafter.start(row.slot, session_id, features.to(self.device))
+        return row
+
+    def _inputs(self, batch: DraftRound, drafted: list[tuple[int, DraftRow, bool]]) -> DraftInputs:
+        """The drafted rows' ints (7, R') and their new features, one gather each."""
+        index = np.array([r for r, _, _ in drafted], dtype=np.int64)
+        num_pending = np.where([new for _, _, new in drafted], 0, batch.num_features[index])
+        ints = np.stack([
+            [row.slot for _, row, _ in drafted], batch.committed_len[index], num_pending,
+            batch.bonus_token[index], [row.num_nodes for _, row, _ in drafted],
+            [row.force_chain for _, row, _ in drafted],
+            [row.spec.max_topk or 0 for _, row, _ in drafted]]).astype(np.int64)
+        rows = segment_rows(batch.feature_starts[index], num_pending)
+        return DraftInputs(torch.from_numpy(ints), batch.features[torch.from_numpy(rows)])
 
 
-def _fail(result: drafter_pb2.DraftResult, exc: Exception, session_id: str) -> None:
+def _check_rows(batch: DraftRound, vocab_size: int, failed: dict[int, Exception]) -> None:
+    """The checks of single rows that need no session, for all rows at once."""
+    bonus, committed, num_new = batch.bonus_token, batch.committed_len, batch.num_features
+    for r in np.flatnonzero((bonus < 0) | (bonus >= vocab_size)).tolist():
+        failed.setdefault(r, InvalidArgumentError(
+            f"bonus_token {bonus[r]} out of [0, {vocab_size})"))
+    for r in np.flatnonzero(committed < num_new).tolist():
+        failed.setdefault(r, InvalidArgumentError(
+            f"committed_len {committed[r]} < {num_new[r]} feature rows"))
+
+
+def _error(exc: Exception, session_id: str) -> tuple[str, str]:
+    """(message, grpc status code name) of a failed row."""
     if isinstance(exc, DDTreeError):
-        result.error, result.error_code = str(exc), codec.status_code_for(exc).name
-    else:
-        log.error("draft_item_failed", session_id=session_id, exc_info=exc)
-        result.error, result.error_code = "internal drafter error", "INTERNAL"
+        return str(exc), codec.status_code_for(exc).name
+    log.error("draft_item_failed", session_id=session_id, exc_info=exc)
+    return "internal drafter error", "INTERNAL"

@@ -18,6 +18,7 @@ class DraftRow:
     slot: int
     spec: SpecParams
     num_nodes: int  # tree nodes besides the root per round
+    force_chain: bool  # the mode's rule, resolved once
     context_len: int = 0  # committed rows already in the context pool
 
 
@@ -34,19 +35,10 @@ class DraftSessionTable:
         with self._lock:
             return len(self._sessions)
 
-    def get(self, session_id: str, committed_len: int, num_new_rows: int) -> DraftRow:
-        """A known session whose context plus the new rows ends at committed_len."""
+    def lookup(self, session_ids: list[str]) -> list[DraftRow | None]:
+        """The sessions' rows (None where unknown), under one lock."""
         with self._lock:
-            row = self._sessions.get(session_id)
-        if row is None:
-            raise SessionNotFoundError(
-                f"unknown session {session_id!r}: a new session needs the features of all "
-                f"{committed_len} committed rows and its spec, got {num_new_rows} rows")
-        if row.context_len + num_new_rows != committed_len:
-            raise InvalidArgumentError(
-                f"draft context holds {row.context_len} tokens; {num_new_rows} new rows do "
-                f"not end at committed length {committed_len}")
-        return row
+            return [self._sessions.get(session_id) for session_id in session_ids]
 
     def open(self, session_id: str, spec: SpecParams) -> DraftRow:
         """A new session (its first item carries the whole context and the spec)."""
@@ -60,7 +52,7 @@ class DraftSessionTable:
                 raise CapacityError(
                     f"the drafter holds its maximum of {self._slots.num_slots} sessions")
             num_nodes = MODE_RULES[spec.mode].num_nodes(spec.budget, self._depth)
-            row = DraftRow(slot, spec, num_nodes)
+            row = DraftRow(slot, spec, num_nodes, MODE_RULES[spec.mode].force_chain)
             self._sessions[session_id] = row
             return row
 

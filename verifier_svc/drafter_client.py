@@ -1,6 +1,6 @@
 """The verifier's side of the drafter link: ONE channel and ONE long-lived bidirectional
-Draft stream; each round sends one DraftRequest carrying every active generation's item
-and waits (with a deadline) for the reply of the same round_id.
+Draft stream; each round sends one DraftRequest carrying the DraftBatch of every active
+generation and waits (with a deadline) for the reply of the same round_id.
 
 Any failure (stream error, reply timeout) closes the stream and raises
 `DrafterUnavailable`; the caller falls back to ar for the generations of that round while
@@ -24,6 +24,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from ddtree.draft_codec import DRAFT_WIRE_VERSION
 from ddtree.models.target_config import TargetConfig
 from ddtree.service import GrpcSecurity, open_channel
 from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
@@ -72,6 +73,10 @@ class _DraftStream:
                 raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s") from None
             if isinstance(reply, Exception):
                 raise reply
+            # A wait can return after its timeout with a reply that landed late (a busy
+            # host schedules the waiter late): late is late, whenever it is noticed.
+            if time.monotonic() > deadline:
+                raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s")
             if reply.round_id == request.round_id:
                 return reply
 
@@ -92,6 +97,16 @@ def incompatibility(info: drafter_pb2.DrafterInfo, target: TargetConfig) -> str 
     bad = [i for i in info.target_layer_ids if not 0 <= i < target.num_layers]
     if bad:
         return f"drafter reads target layers {bad} outside [0, {target.num_layers})"
+    return None
+
+
+def wire_problem(info: drafter_pb2.DrafterInfo) -> str | None:
+    """Why this drafter cannot speak to this verifier, or None (it needs the batched
+    rounds of Draft wire version 2; see drafter.proto)."""
+    version = info.wire_version or 1
+    if version < DRAFT_WIRE_VERSION:
+        return (f"drafter speaks Draft wire version {version}; this verifier needs "
+                f"{DRAFT_WIRE_VERSION} (upgrade the drafter)")
     return None
 
 
@@ -155,6 +170,7 @@ class DrafterClient:
                 self._reconnecting = False
             return
         problem = incompatibility(info, self.target) if self.target is not None else None
+        problem = problem or wire_problem(info)
         if problem is not None:
             # Misconfiguration would otherwise run silently at acceptance ~1: refuse it.
             log.error("drafter_incompatible", address=self.address, problem=problem)
@@ -188,20 +204,20 @@ class DrafterClient:
                 )
             )
 
-    def exchange(self, items: list[drafter_pb2.DraftItem],
-                 timeout_s: float) -> dict[str, drafter_pb2.DraftResult]:
-        """One round: all `items` in one request -> results by session id."""
+    def exchange(self, batch: drafter_pb2.DraftBatch, timeout_s: float) -> drafter_pb2.DraftTrees:
+        """One round: the batch of all its rows in one request -> their trees."""
         with self._lock:
             stream = self._stream
         if stream is None:
             raise DrafterUnavailable("not connected to the drafter")
-        request = drafter_pb2.DraftRequest(round_id=next(self._round_ids), items=items)
+        request = drafter_pb2.DraftRequest(round_id=next(self._round_ids))
+        request.batch.CopyFrom(batch)
         try:
             reply = stream.exchange(request, timeout_s)
         except DrafterUnavailable as exc:
             self._on_failure(stream, str(exc))
             raise
-        return {result.session_id: result for result in reply.results}
+        return reply.trees
 
     def _on_failure(self, stream: _DraftStream, reason: str) -> None:
         log.warning("drafter_lost", address=self.address, reason=reason)

@@ -1,11 +1,13 @@
 """The engine's drafting step over the wire: `RemoteDrafter` implements the engine's
 Drafting interface (ddtree/engine/drafting.py) with the gRPC Draft stream.
 
-Per round it sends ONE DraftRequest with an item per drafting row (the row's newly
-committed target features, its bonus token and committed length; its spec only with its
-first item), waits for the trees under a deadline derived from the measured round trip,
-validates each tree (vectorised) and writes all of them into the round's static buffers in
-one copy per tensor. A row whose tree is missing, late, stale or invalid continues in ar
+Per round it sends ONE DraftRequest whose DraftBatch carries every drafting row: the
+newly committed target features of all rows in one tensor (gathered on the device and
+copied to the host once), their bonus tokens and committed lengths, a row's spec only in
+its first round; it waits for the trees (two tensors for all rows) under a deadline
+derived from the measured round trip, validates all trees at once and sends them to the
+round's static buffers in one host-to-device copy. No loop over rows touches a tensor
+element by element. A row whose tree is missing, late, stale or invalid continues in ar
 (still exact): the drafter's copy of its context is no longer trusted.
 """
 
@@ -19,12 +21,13 @@ import structlog
 import torch
 from torch import Tensor
 
-from ddtree import codec
+from ddtree import draft_codec
+from ddtree.engine.draft_graphs import segment_rows
 from ddtree.engine.round import RoundBuffers
 from ddtree.engine.rows import Row
-from ddtree.errors import InvalidArgumentError
-from ddtree.tree_validation import validate_tree
-from ddtree.v1 import common_pb2, drafter_pb2
+from ddtree.errors import TreeValidationError
+from ddtree.tree_validation import host_depths, invalid_rows
+from ddtree.v1 import drafter_pb2
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
 
 if TYPE_CHECKING:
@@ -36,6 +39,8 @@ log = structlog.get_logger("verifier_svc.remote_drafter")
 DEADLINE_FACTOR, MIN_DEADLINE_S = 8.0, 0.25
 # Weight of the newest round trip in the moving average.
 EMA_WEIGHT = 0.2
+# Planes of the staged trees (_Staging).
+TOKENS, PARENTS, DEPTH, VALID = range(4)
 
 
 class RemoteDrafter:
@@ -49,6 +54,7 @@ class RemoteDrafter:
         self._round_trip_s: float | None = None
         self._first_features: dict[str, Tensor] = {}  # request id -> (P, k*H) prompt rows
         self._sent_spec: set[str] = set()
+        self._staging: dict[tuple[int, int], _Staging] = {}
 
     @property
     def available(self) -> bool:
@@ -73,96 +79,126 @@ class RemoteDrafter:
 
     def propose(self, engine: Engine, rows: list[Row], buffers: RoundBuffers) -> None:
         """Fills `buffers`' trees for `rows` (root alone for rows that do not draft)."""
+        staging = self._staging_for(buffers)
+        staging.wait()
+        host = staging.host  # (4, B, 1+N): tokens, parents, depth, valid
+        host.copy_(staging.default)
+        host[TOKENS, : len(rows), 0] = torch.tensor([row.bonus_token for row in rows])
         drafting = [(i, row) for i, row in enumerate(rows) if row.drafting and row.num_nodes]
-        shape = (buffers.batch, 1 + buffers.num_nodes)
-        tokens = np.zeros(shape, dtype=np.int64)
-        parents = np.zeros(shape, dtype=np.int64)
-        parents[:, 0] = -1
-        valid = np.zeros(shape, dtype=bool)
-        valid[:, 0] = True
-        for i, row in enumerate(rows):
-            tokens[i, 0] = row.bonus_token
         if drafting:
-            results = self._exchange(engine, [row for _, row in drafting])
-            for i, row in drafting:
-                self._place(row, results.get(row.request_id), i, tokens, parents, valid,
-                            engine.target.config.vocab_size, buffers.num_nodes)
-        depth = _depths(parents, valid)
-        for buffer, array in ((buffers.tokens, tokens), (buffers.parents, parents),
-                              (buffers.depth, depth), (buffers.valid, valid)):
-            buffer.copy_(torch.from_numpy(array), non_blocking=False)
+            batch, ordered = self._request(engine, drafting)
+            trees = self._exchange(batch, len(ordered))
+            self._place(ordered, trees, host, engine.target.config.vocab_size)
+        staging.send(buffers)
 
-    def _exchange(self, engine: Engine,
-                  rows: list[Row]) -> dict[str, drafter_pb2.DraftResult]:
-        items = self._items(engine, rows)
+    def _staging_for(self, buffers: RoundBuffers) -> _Staging:
+        shape = (buffers.batch, 1 + buffers.num_nodes)
+        if shape not in self._staging:
+            self._staging[shape] = _Staging(buffers.batch, 1 + buffers.num_nodes,
+                                            buffers.tokens.device)
+        return self._staging[shape]
+
+    def _request(self, engine: Engine, drafting: list[tuple[int, Row]]
+                 ) -> tuple[drafter_pb2.DraftBatch, list[tuple[int, Row]]]:
+        """The round's DraftBatch: rows that start drafting (their prompt features) first,
+        then the continuing ones (their pending features, gathered in one index_select and
+        copied to the host once). -> (batch, the (batch index, row) of its rows in order)."""
+        new = [(i, row) for i, row in drafting if row.request_id in self._first_features]
+        continuing = [(i, row) for i, row in drafting
+                      if row.request_id not in self._first_features]
+        parts = [self._first_features.pop(row.request_id) for _, row in new]
+        num_features = [part.shape[0] for part in parts]
+        if continuing:
+            pending = engine.state.pending
+            assert pending is not None
+            counts = np.array([row.num_pending for _, row in continuing], dtype=np.int64)
+            slots = np.array([row.slot for _, row in continuing], dtype=np.int64)
+            index = segment_rows(slots * self.block_size, counts)
+            flat = pending.view(-1, pending.shape[-1])  # (slots * b, k*H)
+            parts.append(flat.index_select(0, torch.from_numpy(index).to(flat.device)))
+            num_features += counts.tolist()
+        features = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu()  # (sum C, k*H)
+        ordered = new + continuing
+        specs = {j: row.request.spec for j, (_, row) in enumerate(ordered)
+                 if row.request_id not in self._sent_spec}
+        self._sent_spec.update(row.request_id for _, row in ordered)
+        batch = draft_codec.draft_batch_to_proto(
+            [row.request_id for _, row in ordered], [row.committed_len for _, row in ordered],
+            [row.bonus_token for _, row in ordered], features, num_features, specs)
+        return batch, ordered
+
+    def _exchange(self, batch: drafter_pb2.DraftBatch,
+                  num_rows: int) -> drafter_pb2.DraftTrees | None:
         started = time.perf_counter()
         try:
-            results = self.client.exchange(items, self.deadline_s())
+            trees = self.client.exchange(batch, self.deadline_s())
         except DrafterUnavailable as exc:
-            log.warning("drafter_round_failed", reason=str(exc), num_rows=len(rows))
-            return {}
+            log.warning("drafter_round_failed", reason=str(exc), num_rows=num_rows)
+            return None
         elapsed = time.perf_counter() - started
         self._round_trip_s = elapsed if self._round_trip_s is None else (
             (1 - EMA_WEIGHT) * self._round_trip_s + EMA_WEIGHT * elapsed)
-        return results
+        return trees
 
-    def _items(self, engine: Engine, rows: list[Row]) -> list[drafter_pb2.DraftItem]:
-        """One item per row; the pending features of all continuing rows in one copy."""
-        continuing = [row for row in rows if row.request_id not in self._first_features]
-        pending: dict[str, Tensor] = {}
-        if continuing:
-            assert engine.state.pending is not None
-            slots = torch.tensor([row.slot for row in continuing], device=engine.device)
-            host = engine.state.pending[slots].cpu()  # (R, b, k*H)
-            pending = {row.request_id: host[j, : row.num_pending]
-                       for j, row in enumerate(continuing)}
-        items = []
-        for row in rows:
-            features = self._first_features.pop(row.request_id, None)
-            if features is None:
-                features = pending[row.request_id]
-            item = drafter_pb2.DraftItem(
-                session_id=row.request_id, committed_len=row.committed_len,
-                bonus_token=row.bonus_token, features=codec.tensor_to_proto(features))
-            if row.request_id not in self._sent_spec:
-                item.spec.CopyFrom(codec.spec_to_proto(row.request.spec))
-                self._sent_spec.add(row.request_id)
-            items.append(item)
-        return items
-
-    def _place(self, row: Row, result: drafter_pb2.DraftResult | None, index: int,
-               tokens: np.ndarray, parents: np.ndarray, valid: np.ndarray, vocab_size: int,
-               width: int) -> None:
-        """Checks the row's tree and writes it at batch row `index`; otherwise the row
-        continues in ar."""
-        problem = None
-        if result is None:
-            problem = "no draft result for this row"
-        elif result.error:
-            problem = f"drafter error {result.error_code}: {result.error}"
-        elif result.committed_len != row.committed_len:
-            problem = (f"stale tree built on committed length {result.committed_len}, the "
-                       f"row is at {row.committed_len}")
-        else:
-            try:
-                tree_tokens, tree_parents = self._checked(result.tree, row, vocab_size, width)
-            except InvalidArgumentError as exc:
-                problem = f"invalid tree from the drafter: {exc}"
-        if problem is not None:
-            self._stop_drafting(row, problem)
+    def _place(self, ordered: list[tuple[int, Row]], msg: drafter_pb2.DraftTrees | None,
+               host: Tensor, vocab_size: int) -> None:
+        """Checks every row's tree at once and writes the good ones into `host`
+        (4, B, 1+N); the other rows continue in ar."""
+        rows = [row for _, row in ordered]
+        width = host.shape[2]
+        try:
+            if msg is None:
+                raise TreeValidationError("no draft result for this row")
+            trees = draft_codec.draft_trees_from_proto(msg, len(rows), width)
+        except TreeValidationError as exc:
+            reason = str(exc) if msg is None else f"invalid trees from the drafter: {exc}"
+            for row in rows:
+                self._stop_drafting(row, reason)
             return
-        size = tree_tokens.shape[0]
-        tokens[index, :size], parents[index, :size] = tree_tokens, tree_parents
-        valid[index, :size] = True
+        problems = self.tree_problems(rows, trees, vocab_size, width - 1)
+        for j, problem in sorted(problems.items()):
+            self._stop_drafting(rows[j], problem)
+        good = np.setdiff1d(np.arange(len(rows)), list(problems))
+        if not len(good):
+            return
+        tokens, parents = trees.tokens.numpy()[good], trees.parents.numpy()[good]  # (G, W)
+        real = np.arange(tokens.shape[1])[None, :] < trees.num_nodes[good][:, None]
+        parents = np.where(real, parents, 0)  # padding under the root: depth 1
+        parents[:, 0] = -1
+        index = np.array([ordered[j][0] for j in good.tolist()])[:, None]  # (G, 1)
+        planes, tree_width = host.numpy(), tokens.shape[1]
+        for plane, values in ((TOKENS, np.where(real, tokens, 0)), (PARENTS, parents),
+                              (DEPTH, host_depths(parents)), (VALID, real)):
+            planes[plane, index, np.arange(tree_width)] = values
 
-    def _checked(self, msg: common_pb2.DraftTree, row: Row, vocab_size: int,
-                 width: int) -> tuple[np.ndarray, np.ndarray]:
-        tree = codec.tree_from_proto(msg, max_nodes=min(row.num_nodes, width))
-        validate_tree(tree.tokens[0], tree.parents[0], vocab_size, width, self.block_size - 1)
-        if int(tree.tokens[0, 0]) != row.bonus_token:
-            raise InvalidArgumentError(
-                f"tree root {int(tree.tokens[0, 0])} is not the bonus token {row.bonus_token}")
-        return tree.tokens[0].numpy(), tree.parents[0].numpy()
+    def tree_problems(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
+                      max_nodes: int) -> dict[int, str]:
+        """Why each bad row's tree cannot be verified (row index in the batch -> reason),
+        in the order of the checks; vectorised over the rows."""
+        problems: dict[int, str] = {}
+        for j, (error, code) in trees.errors.items():
+            problems[j] = f"drafter error {code}: {error}"
+        committed = np.array([row.committed_len for row in rows], dtype=np.int64)
+        for j in np.flatnonzero(trees.committed_len != committed).tolist():
+            problems.setdefault(j, f"stale tree built on committed length "
+                                   f"{trees.committed_len[j]}, the row is at {committed[j]}")
+        limit = np.minimum([row.num_nodes for row in rows], max_nodes) + 1  # the root too
+        for j in np.flatnonzero(trees.num_nodes > limit).tolist():
+            problems.setdefault(j, f"invalid tree from the drafter: tree: "
+                                   f"{trees.num_nodes[j] - 1} nodes besides the root exceed "
+                                   f"max_nodes {limit[j] - 1}")
+        for j in np.flatnonzero(trees.num_nodes < 1).tolist():
+            problems.setdefault(j, "no draft result for this row")
+        size = torch.from_numpy(np.clip(trees.num_nodes, 1, None))
+        invalid = invalid_rows(trees.tokens, trees.parents, size, vocab_size,
+                               self.block_size - 1)
+        for j, problem in invalid.items():
+            problems.setdefault(j, f"invalid tree from the drafter: {problem}")
+        bonus, roots = np.array([row.bonus_token for row in rows]), trees.tokens[:, 0].numpy()
+        for j in np.flatnonzero(roots != bonus).tolist():
+            problems.setdefault(j, f"invalid tree from the drafter: tree root {roots[j]} is "
+                                   f"not the bonus token {bonus[j]}")
+        return problems
 
     def _stop_drafting(self, row: Row, reason: str) -> None:
         log.warning("drafter_fallback_ar", request_id=row.request_id, reason=reason)
@@ -171,9 +207,31 @@ class RemoteDrafter:
         self.release(row.slot, row.request_id)
 
 
-def _depths(parents: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """(B, 1+N) depth of each node of topologically ordered trees; padding nodes 1."""
-    depth = np.zeros_like(parents)
-    for i in range(1, parents.shape[1]):
-        depth[:, i] = depth[np.arange(parents.shape[0]), np.maximum(parents[:, i], 0)] + 1
-    return np.where(valid, depth, 1)
+class _Staging:
+    """A round's trees on their way to RoundBuffers of one shape: host (4, B, 1+N) int64
+    (tokens, parents, depth, valid; pinned on a GPU) written by the host, sent with ONE
+    copy to the device and spread from there into the buffers, without a host sync.
+    `default` is every row's tree as the root alone (padding nodes depth 1)."""
+
+    def __init__(self, batch: int, width: int, device: torch.device) -> None:
+        pinned = device.type == "cuda"
+        self.default = torch.zeros(4, batch, width, dtype=torch.long)
+        self.default[PARENTS, :, 0] = -1
+        self.default[DEPTH, :, 1:] = 1
+        self.default[VALID, :, 0] = 1
+        self.host = torch.zeros(4, batch, width, dtype=torch.long, pin_memory=pinned)
+        self.on_device = torch.zeros(4, batch, width, dtype=torch.long, device=device)
+        # The host copy is rewritten only after its last copy to the device finished.
+        self.sent = torch.cuda.Event() if pinned else None
+
+    def send(self, buffers: RoundBuffers) -> None:
+        self.on_device.copy_(self.host, non_blocking=True)
+        for plane, buffer in ((TOKENS, buffers.tokens), (PARENTS, buffers.parents),
+                              (DEPTH, buffers.depth), (VALID, buffers.valid)):
+            buffer.copy_(self.on_device[plane])
+        if self.sent is not None:
+            self.sent.record()
+
+    def wait(self) -> None:
+        if self.sent is not None:
+            self.sent.synchronize()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -18,27 +19,28 @@ from ddtree.tree import DraftTree
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+# Rows of DraftInputs.ints (and of the static int table).
+SLOTS, COMMITTED, NUM_PENDING, BONUS, BUDGET, FORCE_CHAIN, MAX_TOPK = range(7)
+
+
 @dataclass
 class DraftInputs:
-    """One batch's inputs (host lists, one entry per row; pending (B, b, k*H) on the host)."""
+    """One batch of R rows on the host. ints: (7, R) int64, the rows above; pending:
+    (sum num_pending, k*H) each row's features not yet in its context, row after row."""
 
-    slots: list[int]
-    committed: list[int]
+    ints: Tensor
     pending: Tensor
-    num_pending: list[int]
-    bonus: list[int]
-    budget: list[int]
-    force_chain: list[bool]
-    max_topk: list[int]
 
 
 class _Static:
-    """The static tensors of one (batch, num_nodes) shape: ints (7, B) = slots, committed,
-    num_pending, bonus, budget, force_chain, max_topk; and pending (B, b, k*H)."""
+    """The static tensors of one (batch, num_nodes) shape: ints (7, B) (their host
+    staging copy, pinned on a GPU) and pending (B, b, k*H)."""
 
     def __init__(self, batch: int, block: int, width: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.ints = torch.zeros(7, batch, dtype=torch.long, device=device)
+        self.host_ints = torch.zeros(7, batch, dtype=torch.long,
+                                     pin_memory=device.type == "cuda")
         self.pending = torch.zeros(batch, block, width, dtype=dtype, device=device)
 
 
@@ -61,34 +63,39 @@ class GraphDrafter:
 
     @torch.inference_mode()
     def propose(self, inputs: DraftInputs) -> DraftTree:
-        """The rows' trees, (B, 1 + the node bucket) on the host, `valid` marking each
-        row's real nodes (a prefix of the row)."""
-        num_rows = len(inputs.slots)
+        """The rows' trees, (R, 1 + the node bucket) on the host, `valid` marking each
+        row's real nodes (a prefix of the row). One copy of the ints and one of the
+        features in, one copy of the trees out."""
+        num_rows = inputs.ints.shape[1]
         batch = next(b for b in self.batches if b >= num_rows)
-        num_nodes = next(n for n in self.node_buckets if n >= max(inputs.budget))
+        max_budget = int(inputs.ints[BUDGET].max())
+        num_nodes = next(n for n in self.node_buckets if n >= max_budget)
         static = self._buffers(batch, num_nodes)
-        pad = batch - num_rows
-        columns = [inputs.slots + [self.scratch] * pad, inputs.committed + [0] * pad,
-                   inputs.num_pending + [0] * pad, inputs.bonus + [0] * pad,
-                   inputs.budget + [0] * pad, [int(f) for f in inputs.force_chain] + [0] * pad,
-                   inputs.max_topk + [0] * pad]
-        static.ints.copy_(torch.tensor(columns, dtype=torch.long), non_blocking=True)
+        static.host_ints[:, :num_rows] = inputs.ints
+        static.host_ints[:, num_rows:] = 0
+        static.host_ints[SLOTS, num_rows:] = self.scratch  # padding rows
+        static.ints.copy_(static.host_ints, non_blocking=True)
         static.pending.zero_()
-        static.pending[:num_rows].copy_(inputs.pending, non_blocking=True)
+        if inputs.pending.shape[0]:
+            counts = inputs.ints[NUM_PENDING].numpy()
+            index = segment_rows(np.arange(num_rows) * self.drafter.block_size, counts)
+            static.pending.view(-1, self.feature_width).index_copy_(  # (B * b, k*H)
+                0, torch.from_numpy(index).to(self.device, non_blocking=True),
+                inputs.pending.to(self.device, self.dtype, non_blocking=True))
         key = (batch, num_nodes)
         if self.graphs.enabled and key not in self.graphs:
             real = static.ints.clone()
-            static.ints[0].fill_(self.scratch)
+            static.ints[SLOTS].fill_(self.scratch)
             static.ints[1:].zero_()
             self.graphs.capture(key, lambda: self._run(static, num_nodes))
             static.ints.copy_(real)
         tree: DraftTree = self.graphs.run(key, lambda: self._run(static, num_nodes))
         assert tree.valid is not None
-        host = [t[:num_rows].to("cpu") for t in (tree.tokens, tree.parents, tree.valid)]
-        return DraftTree(host[0], host[1], torch.zeros_like(host[0]), valid=host[2])
+        host = torch.stack([tree.tokens, tree.parents, tree.valid.long()])[:, :num_rows].cpu()
+        return DraftTree(host[0], host[1], torch.zeros_like(host[0]), valid=host[2].bool())
 
     def _run(self, static: _Static, num_nodes: int) -> DraftTree:
-        slots, committed, num_pending, bonus, budget, force, topk = static.ints
+        slots, committed, num_pending, bonus, budget, force, topk = static.ints  # (B,) each
         return propose_trees(self.drafter, slots, committed, static.pending, num_pending,
                              bonus, num_nodes, budget, force.bool(), topk)
 
@@ -98,3 +105,11 @@ class GraphDrafter:
             self._static[key] = _Static(batch, self.drafter.block_size, self.feature_width,
                                         self.device, self.dtype)
         return self._static[key]
+
+
+def segment_rows(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(sum counts,) int64: starts[r] + 0 .. counts[r] - 1, row after row (where each
+    row's segment of a packed row-after-row tensor lies); no loop over rows."""
+    offsets = np.cumsum(counts) - counts
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(offsets, counts)
+    return np.repeat(np.asarray(starts, dtype=np.int64), counts) + within

@@ -14,7 +14,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ddtree import codec
+from ddtree import codec, draft_codec
 from ddtree.engine import SpecParams
 from ddtree.models.target import TargetModel
 from ddtree.service import CHANNEL_OPTIONS
@@ -364,6 +364,41 @@ def test_drafter_item_errors_do_not_end_the_stream(
     assert not ok.error and ok.committed_len == 3 and len(ok.tree.tokens) == 5
     assert ok.tree.tokens[0] == 5 and list(ok.tree.parents)[0] == -1
     assert not replies[1].results[0].error
+
+
+def test_a_batched_round_fails_only_its_bad_rows_and_a_malformed_batch_fails_all(
+    drafter_stub: drafter_pb2_grpc.DrafterStub,
+) -> None:
+    info = drafter_stub.GetInfo(drafter_pb2.DrafterInfoRequest(), timeout=RPC_TIMEOUT_S)
+    assert info.wire_version == draft_codec.DRAFT_WIRE_VERSION
+    width = len(info.target_layer_ids) * info.hidden_size
+    spec = SpecParams("tree", 4)
+
+    def batch(session_ids: list[str], num_features: list[int], bonus: int = 5,
+              specs: bool = True) -> drafter_pb2.DraftBatch:
+        return draft_codec.draft_batch_to_proto(
+            session_ids, num_features, [bonus] * len(session_ids),
+            torch.randn(sum(num_features), width), num_features,
+            dict.fromkeys(range(len(session_ids)), spec) if specs else {})
+
+    first = batch(["batch-a", "batch-b"], [3, 2])
+    first.bonus_token[1] = info.vocab_size  # out of the vocabulary: this row alone fails
+    malformed = batch(["batch-c"], [2])
+    malformed.num_features[0] = 1  # the features no longer add up: the batch fails
+    unknown = batch(["batch-a", "batch-z"], [0, 1], specs=False)
+    unknown.committed_len[0] = 3  # batch-a continues with no new rows
+    requests = [drafter_pb2.DraftRequest(round_id=i + 1, batch=b)
+                for i, b in enumerate((first, malformed, unknown))]
+    replies = list(drafter_stub.Draft(iter(requests), timeout=RPC_TIMEOUT_S))
+    assert [r.round_id for r in replies] == [1, 2, 3] and not replies[0].results
+    trees = [draft_codec.draft_trees_from_proto(r.trees, len(b.session_ids), 1 + 4)
+             for r, b in zip(replies, (first, malformed, unknown), strict=True)]
+    assert trees[0].num_nodes.tolist() == [5, 0] and trees[0].committed_len.tolist() == [3, 2]
+    assert trees[0].tokens[0, 0] == 5 and trees[0].parents[0, 0] == -1
+    assert trees[0].errors[1][1] == "INVALID_ARGUMENT" and "bonus_token" in trees[0].errors[1][0]
+    assert trees[1].num_nodes.tolist() == [0] and "batch.features" in trees[1].errors[0][0]
+    assert trees[2].num_nodes.tolist() == [5, 0]
+    assert trees[2].errors == {1: (trees[2].errors[1][0], "NOT_FOUND")}
 
 
 def test_sessions_return_the_targets_features_on_request(

@@ -1,13 +1,15 @@
 """The verifier refuses a drafter that cannot serve its target (instead of running at
-acceptance ~1 in silence): hidden size, vocabulary, layer count and layer ids."""
+acceptance ~1 in silence): hidden size, vocabulary, layer count and layer ids; and one
+that speaks an older Draft wire version (it would answer no batch)."""
 
 from __future__ import annotations
 
 import pytest
 
+from ddtree.draft_codec import DRAFT_WIRE_VERSION
 from ddtree.models.target_config import TargetConfig
 from ddtree.v1 import drafter_pb2
-from verifier_svc.drafter_client import incompatibility
+from verifier_svc.drafter_client import incompatibility, wire_problem
 
 TARGET = TargetConfig.from_hf({
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 384,
@@ -36,3 +38,9 @@ def test_a_matching_drafter_is_accepted() -> None:
 def test_a_drafter_for_another_target_is_refused(changes: dict, words: str) -> None:
     problem = incompatibility(info(**changes), TARGET)
     assert problem is not None and words in problem
+
+
+def test_a_drafter_of_an_older_wire_version_is_refused() -> None:
+    assert wire_problem(info(wire_version=DRAFT_WIRE_VERSION)) is None
+    problem = wire_problem(info())  # unset: version 1, DraftItems only
+    assert problem is not None and "wire version 1" in problem

@@ -1,6 +1,7 @@
 """ddtree.tree: build_tree equals the best-first heap (tests/unit/heap_reference.py) node for
 node, also on exact ties; the tree invariants; round trees, ancestor chains, depths; and
-validate_tree's rejection of every malformed tree a client could send."""
+validate_tree's rejection of every malformed tree a client could send, and invalid_rows'
+diagnosis of each malformed row of a padded batch (the drafter's trees)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ddtree.tree import (
     build_tree,
     depths_from_parents,
 )
-from ddtree.tree_validation import validate_tree
+from ddtree.tree_validation import invalid_rows, validate_tree
 from tests.unit.heap_reference import heap_tree, ranked_tokens
 
 
@@ -365,3 +366,39 @@ def test_ancestor_chains_list_each_nodes_ancestors_by_depth() -> None:
                     node = int(parents[b, node])
                 expected = chain[::-1] + [0] * (width - len(chain))
                 assert chains[b, i].tolist() == expected, (trial, b, i)
+
+
+def padded(rows: list[tuple[list[int], list[int]]], width: int) -> tuple[torch.Tensor, ...]:
+    """(tokens, parents) rows padded to `width` with junk, and their node counts."""
+    tokens = torch.full((len(rows), width), 99)
+    parents = torch.full((len(rows), width), 77)
+    for b, (t, p) in enumerate(rows):
+        tokens[b, : len(t)], parents[b, : len(p)] = torch.tensor(t), torch.tensor(p)
+    return tokens, parents, torch.tensor([len(t) for t, _ in rows])
+
+
+def test_invalid_rows_names_each_bad_row_as_validate_tree_would() -> None:
+    bad = [
+        (VALID_TOKENS, edit(VALID_PARENTS, 0, 0).tolist()),
+        (VALID_TOKENS, edit(VALID_PARENTS, 3, 3).tolist()),
+        (edit(VALID_TOKENS, 2, 8).tolist(), VALID_PARENTS),
+        (edit(VALID_TOKENS, 5, 1).tolist(), VALID_PARENTS),
+    ]
+    rows = [(VALID_TOKENS, VALID_PARENTS), *bad, ([7], [-1]), (VALID_TOKENS[:4], VALID_PARENTS[:4])]
+    tokens, parents, num_nodes = padded(rows, 8)
+    problems = invalid_rows(tokens, parents, num_nodes, vocab_size=8, max_depth=4)
+    assert sorted(problems) == [1, 2, 3, 4]  # the padding of the good rows is never read
+    for b, (t, p) in enumerate(bad, start=1):
+        with pytest.raises(TreeValidationError) as info:
+            validate_tree(torch.tensor(t), torch.tensor(p), vocab_size=8, max_nodes=5)
+        assert problems[b] == str(info.value)
+    assert "parents[0] = 0" in problems[1] and "parents[3] = 3" in problems[2]
+    assert "tokens[2] = 8" in problems[3] and "nodes 4 and 5 are siblings" in problems[4]
+
+
+def test_invalid_rows_checks_depth_and_accepts_good_batches() -> None:
+    chain = (list(range(6)), [-1, 0, 1, 2, 3, 4])
+    tokens, parents, num_nodes = padded([chain, (VALID_TOKENS, VALID_PARENTS)], 6)
+    problems = invalid_rows(tokens, parents, num_nodes, vocab_size=8, max_depth=3)
+    assert problems == {0: "tree: node 4 has depth 4 > max_depth 3"}
+    assert invalid_rows(tokens, parents, num_nodes, vocab_size=8, max_depth=5) == {}

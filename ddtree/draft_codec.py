@@ -1,0 +1,141 @@
+"""Wire codec of the Draft stream's batched messages (wire version 2, drafter.proto):
+DraftBatch (a round's rows: all features in one tensor) and DraftTrees (all trees in two
+tensors) <-> host tensors. `ddtree/codec.py`'s companion for the drafter link, with its
+rules: raw little-endian tensors, decoding is one copy per tensor, never a loop over rows
+or nodes; what arrives is checked before it is trusted (InvalidArgumentError for a
+malformed batch, TreeValidationError for malformed trees).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ddtree import codec
+from ddtree.engine import SpecParams
+from ddtree.errors import InvalidArgumentError, TreeValidationError
+from ddtree.v1 import common_pb2, drafter_pb2
+
+# What DrafterInfo.wire_version says this code speaks (see drafter.proto).
+DRAFT_WIRE_VERSION = 2
+
+
+@dataclass
+class DraftRound:
+    """A DraftBatch's R rows, decoded. committed_len, bonus_token, num_features: (R,)
+    int64; features: (sum C, k*H) floating point, row r's C_r rows after those of the
+    rows before it; specs: row index -> the spec of a row whose session opens."""
+
+    session_ids: list[str]
+    committed_len: np.ndarray
+    bonus_token: np.ndarray
+    num_features: np.ndarray
+    features: Tensor
+    specs: Mapping[int, common_pb2.SpecParams]
+
+    @property
+    def feature_starts(self) -> np.ndarray:
+        """(R,) the first feature row of each row."""
+        return np.cumsum(self.num_features) - self.num_features
+
+
+def draft_batch_to_proto(session_ids: Sequence[str], committed_len: Sequence[int],
+                         bonus_token: Sequence[int], features: Tensor,
+                         num_features: Sequence[int],
+                         specs: Mapping[int, SpecParams]) -> drafter_pb2.DraftBatch:
+    """features: (sum C, k*H), num_features (R,) rows of it per row, in row order."""
+    assert features.dim() == 2 and features.shape[0] == sum(num_features), features.shape
+    msg = drafter_pb2.DraftBatch(session_ids=session_ids, committed_len=committed_len,
+                                 bonus_token=bonus_token, num_features=num_features,
+                                 features=codec.tensor_to_proto(features))
+    for row, spec in specs.items():
+        msg.specs[row].CopyFrom(codec.spec_to_proto(spec))
+    return msg
+
+
+def draft_round_from_proto(msg: drafter_pb2.DraftBatch, feature_width: int) -> DraftRound:
+    """Checks what concerns the whole batch (lengths, the features' shape and dtype);
+    the checks of single rows are the drafter's."""
+    num_rows = len(msg.session_ids)
+    lengths = {len(msg.committed_len), len(msg.bonus_token), len(msg.num_features)}
+    if lengths != {num_rows}:
+        raise InvalidArgumentError(
+            f"batch: {num_rows} session_ids, but committed_len / bonus_token / num_features "
+            f"have {len(msg.committed_len)} / {len(msg.bonus_token)} / {len(msg.num_features)}")
+    num_features = np.array(msg.num_features, dtype=np.int64)
+    if (num_features < 0).any():
+        raise InvalidArgumentError("batch: num_features must be >= 0")
+    features = codec.tensor_from_proto(msg.features, "batch.features", ndim=2)
+    if features.shape[0] != int(num_features.sum()) or features.shape[1] != feature_width:
+        raise InvalidArgumentError(
+            f"batch.features: shape {list(features.shape)}, expected "
+            f"[{int(num_features.sum())}, {feature_width}] (the rows' num_features, k*H)")
+    if not features.is_floating_point():
+        raise InvalidArgumentError(f"batch.features: dtype {features.dtype} is not floating point")
+    bad = [row for row in msg.specs if not 0 <= row < num_rows]
+    if bad:
+        raise InvalidArgumentError(f"batch.specs: rows {bad} outside [0, {num_rows})")
+    return DraftRound(list(msg.session_ids), np.array(msg.committed_len, dtype=np.int64),
+                      np.array(msg.bonus_token, dtype=np.int64), num_features, features,
+                      dict(msg.specs))
+
+
+@dataclass
+class DraftedTrees:
+    """A round's trees, row r's the first num_nodes[r] nodes of tokens / parents (R, W)
+    int64 (num_nodes 0: failed, see errors); committed_len (R,) echoed; errors: row ->
+    (message, grpc status code name)."""
+
+    tokens: Tensor
+    parents: Tensor
+    num_nodes: np.ndarray
+    committed_len: np.ndarray
+    errors: dict[int, tuple[str, str]]
+
+
+def draft_trees_to_proto(trees: DraftedTrees) -> drafter_pb2.DraftTrees:
+    width = max(1, int(trees.num_nodes.max(initial=0)))
+    msg = drafter_pb2.DraftTrees(
+        tokens=codec.tensor_to_proto(trees.tokens[:, :width].int()),
+        parents=codec.tensor_to_proto(trees.parents[:, :width].int()),
+        num_nodes=trees.num_nodes.tolist(), committed_len=trees.committed_len.tolist())
+    for row, (error, code) in sorted(trees.errors.items()):
+        msg.errors.add(row=row, error=error, error_code=code)
+    return msg
+
+
+def draft_trees_from_proto(msg: drafter_pb2.DraftTrees, num_rows: int,
+                           max_width: int) -> DraftedTrees:
+    """The reply to a batch of `num_rows` rows; trees of at most `max_width` nodes (the
+    root included). Checks shapes and counts; the trees themselves are
+    `tree_validation.invalid_rows`' to check."""
+    num_nodes = np.array(msg.num_nodes, dtype=np.int64)
+    committed = np.array(msg.committed_len, dtype=np.int64)
+    if len(num_nodes) != num_rows or len(committed) != num_rows:
+        raise TreeValidationError(
+            f"trees: {len(num_nodes)} num_nodes and {len(committed)} committed_len for a "
+            f"batch of {num_rows} rows")
+    arrays = []
+    for name in ("tokens", "parents"):
+        array = codec.tensor_from_proto(getattr(msg, name), f"trees.{name}", dtype=torch.int32,
+                                        ndim=2, error=TreeValidationError)
+        if array.shape[0] != num_rows or not 1 <= array.shape[1] <= max_width:
+            raise TreeValidationError(
+                f"trees.{name}: shape {list(array.shape)}, expected [{num_rows}, 1..{max_width}]")
+        arrays.append(array.long())
+    tokens, parents = arrays
+    if tokens.shape != parents.shape:
+        raise TreeValidationError(
+            f"trees: tokens shape {list(tokens.shape)} != parents shape {list(parents.shape)}")
+    if ((num_nodes < 0) | (num_nodes > tokens.shape[1])).any():
+        raise TreeValidationError(f"trees: num_nodes outside [0, {tokens.shape[1]}]")
+    errors = {}
+    for error in msg.errors:
+        if not 0 <= error.row < num_rows:
+            raise TreeValidationError(f"trees: error for row {error.row} of {num_rows}")
+        errors[error.row] = (error.error, error.error_code)
+    return DraftedTrees(tokens, parents, num_nodes, committed, errors)
