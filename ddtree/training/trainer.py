@@ -265,7 +265,8 @@ class Trainer:
         bonus = batch.bonus[blocks]
         out = []
         for start in range(0, hidden.shape[0], chunk):
-            logits = self.embeddings.logits(hidden[start:start + chunk])  # (k, L, V)
+            part = hidden[start:start + chunk].to(self.embeddings.lm_head.weight.dtype)
+            logits = self.embeddings.logits(part)  # (k, L, V)
             out.append(tree_acceptance(logits, bonus[start:start + chunk],
                                        labels[start:start + chunk],
                                        self.config.eval_tree_budget).cpu())

@@ -283,3 +283,20 @@ def test_kl_loss_is_zero_against_its_own_logits_and_trains(pair: tuple[Path, Pat
     losses = [json.loads(line)["loss"] for line in (tmp_path / "train" / "log.jsonl").open()
               if "eval" not in json.loads(line)]
     assert run.step == 6 and all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_held_out_tree_acceptance_runs_with_a_bfloat16_lm_head(pair: tuple[Path, Path],
+                                                               tmp_path: Path) -> None:
+    """On a GPU the frozen target pieces are bf16 while the drafter's hidden states of the
+    tree evaluation are float32 (outside autocast): the LM head must take them anyway."""
+    target_dir, _ = pair
+    store = repetitive_store(int(read_config(target_dir)["vocab_size"]))
+    trainer = Trainer(target_dir, store, tmp_path, small_config(), torch.device("cpu"))
+    batch = make_batch([store.get(i) for i in trainer.eval_sequences()[0][:4]], 8, 6,
+                       torch.Generator().manual_seed(0), torch.device("cpu"))
+    with torch.no_grad():
+        _, metrics, _ = trainer.batch_loss(batch)
+        full = trainer._tree_tau(batch, metrics["hidden"], metrics["keep"])
+        trainer.embeddings.to(torch.bfloat16)
+        half = trainer._tree_tau(batch, metrics["hidden"].float(), metrics["keep"])
+    assert half.shape == full.shape and half.numel() > 0 and bool((half >= 1).all())
