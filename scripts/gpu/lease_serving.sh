@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# A serving lease in four calls on one warm machine (each well under 10 minutes):
-#   call 1  carry .carry/a (GGUF half 1, HumanEval, the spec-bench JSONL) and .whl: park them
-#   call 2  carry .carry/b (GGUF half 2): join, convert; every mode against ar and the speed
-#           table (engine_bench.py --stages exact,speed); then ar and tree@32 at concurrency 1
-#           and 8 under continuous load (40 requests per run: at c8 a finished request's row
-#           is refilled at once), in process and through `ddtree serve` (`ddtree bench --url`)
-#   call 3  the 10-minute soak (64 streams, the drafter SIGKILLed every 60 s) started in its
+# A serving lease on one warm machine, each call well under 10 minutes. The repository
+# (with the 30 MB demo drafter) travels with every call, so the demo target's GGUF comes in
+# quarters (.carry/g1..g4, ~24.5 MB each: `split -n 4 -d -a 1` of the 98 MB file; g1 also
+# holds HumanEval.jsonl.gz and the spec-bench JSONL):
+#   calls 1-3  carry .carry/g1 (+ .whl), .carry/g2, .carry/g3: park them in /tmp
+#   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
+#           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
+#           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per
+#           run: at c8 a finished request's row is refilled at once), in process and through
+#           `ddtree serve` (`ddtree bench --url`)
+#   call 5  the 10-minute soak (64 streams, the drafter SIGKILLed every 60 s) started in its
 #           own process session, then the drafter job (scripts/gpu/lease_drafter.sh) beside it
-#   call 4  the new drafter's acceptance table while the soak ends, then the soak's report
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4   (results under $OUT)
+#   call 6  the new drafter's acceptance table while the soak ends, then the soak's report
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -33,13 +37,16 @@ load_bench() {  # extra bench arguments...
 }
 
 case "${1:?call number}" in
-1)
-  cp .carry/a/part00 /tmp/gguf.part00 && cp .carry/a/HumanEval.jsonl.gz /tmp/
-  mkdir -p /tmp/spec_bench && cp .carry/a/*.jsonl /tmp/spec_bench/
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+1|2|3)
+  cp .carry/g$1/part* /tmp/
+  if [ "$1" = 1 ]; then
+    cp .carry/g1/HumanEval.jsonl.gz /tmp/
+    mkdir -p /tmp/spec_bench && cp .carry/g1/*.jsonl /tmp/spec_bench/
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+  fi
   ;;
-2)
-  cat /tmp/gguf.part00 .carry/b/part01 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+4)
+  cat /tmp/part0 /tmp/part1 /tmp/part2 .carry/g4/part3 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
   python3 -c "
 from pathlib import Path
 from ddtree.demo.pull import pull_smollm2
@@ -56,7 +63,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics.txt"
   kill $S; wait $S 2>/dev/null
   ;;
-3)
+5)
   mkdir -p /tmp/soak
   setsid python3 scripts/soak.py --start --target $T --drafter $D --device cuda \
     --dtype bfloat16 --concurrency 64 --duration-s 600 --kill-drafter-every-s 60 \
@@ -65,7 +72,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   TOTAL_SECONDS=530 timeout 575 bash scripts/gpu/lease_drafter.sh train 2>&1 | tail -40
   tail -3 /tmp/soak/log.txt
   ;;
-4)
+6)
   timeout 200 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -30  # while the soak ends
   for _ in $(seq 1 240); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
   cp /tmp/soak/report.json "$OUT/soak_report.json"; tail -c 20000 /tmp/soak/log.txt > "$OUT/soak_log.txt"

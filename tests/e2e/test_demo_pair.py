@@ -76,7 +76,8 @@ def test_serve_without_arguments_answers_with_the_targets_greedy_tokens(demo_ser
     reference = [t for result, _ in generate(target, None, request) for t in result.new_tokens]
     assert served == reference
     assert reply.usage.completion_tokens == len(served)
-    assert Path(drafter_dir, "model.safetensors").stat().st_size < 10 * 2**20
+    sizes = [f.stat().st_size for f in Path(drafter_dir).glob("*.safetensors")]
+    assert sizes and max(sizes) <= 16 * 2**20 and sum(sizes) <= 32 * 2**20  # the size cap
 
 
 def test_shadow_serves_linear_tokens_and_acceptance_on_the_demo_pair(demo_server: str) -> None:
