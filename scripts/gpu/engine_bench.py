@@ -177,8 +177,8 @@ def spec_bench_prompts(path: Path, tokenizer: Any, count: int) -> list[list[int]
 
 def stage_acceptance(args: argparse.Namespace) -> dict[str, Any]:
     """The acceptance table in one process (one engine, graphs captured once): every
-    held-out set (the spec-bench sets and HumanEval) x T in {0, 1} x linear and tree at
-    budgets 8..128, the set's prompts in one batch; -> $OUT/acceptance.md."""
+    held-out set (the spec-bench sets and HumanEval) x T in --temperatures x linear and
+    tree at budgets 8..128, the set's prompts in one batch; -> $OUT/acceptance.md."""
     target, drafter, tokenizer = load(args, torch.bfloat16)
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=16, max_model_len=4096))
     sets = {path.stem: spec_bench_prompts(path, tokenizer, args.num_prompts)
@@ -189,7 +189,7 @@ def stage_acceptance(args: argparse.Namespace) -> dict[str, Any]:
     lines = ["| set | T | " + " | ".join(label for label, _ in specs) + " |",
              "|---|---|" + "---|" * len(specs)]
     rows: dict[str, Any] = {}
-    for temperature in (0.0, 1.0):
+    for temperature in (float(t) for t in args.temperatures.split(",")):
         sampling = SamplingParams(temperature=temperature, seed=1234) if temperature else None
         for name, prompts in sets.items():
             cells = []
@@ -381,6 +381,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--load-tokens", type=int, default=128)
+    parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
