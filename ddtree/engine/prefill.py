@@ -47,8 +47,10 @@ def prefill_rows(
     # row i's are logits[spans[i][0]:spans[i][1]], its first token's the last of them.
     wanted: list[int] = []
     spans: list[tuple[int, int]] = []
+    starts: list[int] = []  # each row's first token in `prompts`
     end = 0
     for row, n in zip(rows, lengths, strict=True):
+        starts.append(end)
         end += n
         begin = len(wanted)
         wanted.extend(range(end - n, end) if row.request.prompt_logprobs else (end - 1,))
@@ -72,8 +74,7 @@ def prefill_rows(
                                       request.top_logprobs)
         features = None
         if out.features is not None:
-            offset = sum(lengths[:i])
-            features = out.features[offset:offset + lengths[i]]
+            features = out.features[starts[i]:starts[i] + lengths[i]]
         results.append((first_tokens[i], features, prompt_logprobs, logprobs))
     return results
 
