@@ -26,6 +26,8 @@ class EngineConfig:
     kv_memory_bytes: the pool's budget (0 = auto); max_budget: largest tree a request may
     ask for; cuda_graphs / invariant: capture rounds / batch-invariant GEMMs (GPU only);
     max_prefill_tokens: prompt tokens prefilled per step before the round runs;
+    static_prefill: prefill in padded static shapes (ddtree/engine/prefill_graphs.py),
+    replayed as CUDA graphs; None = exactly when rounds are captured (a GPU with graphs);
     pipeline: launch each round before reading the previous one (see Engine.step)."""
 
     max_num_seqs: int = 64
@@ -36,6 +38,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     invariant: bool = True
     max_prefill_tokens: int = 8192
+    static_prefill: bool | None = None
     pipeline: bool = True
 
     def __post_init__(self) -> None:

@@ -3,7 +3,8 @@ active generation (ddtree/engine/round.py). `ddtree generate`, the in-process be
 verifier_svc all drive this one class.
 
 A step admits waiting requests into free rows (their prompts prefilled together in one
-eager forward: each one's first token is that step's output), then launches ONE round over
+forward, replayed as a CUDA graph of a padded static shape where it fits: each one's first
+token is that step's output), then launches ONE round over
 all running rows in the smallest static bucket that holds them: the draft half (a captured
 graph with the local drafter, or the remote drafter's trees), the verify half (a captured
 graph), and a single device-to-host copy of the round's output table, which the next step
@@ -30,6 +31,7 @@ from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.logprobs import token_logprobs
 from ddtree.engine.policy import BudgetPolicy
 from ddtree.engine.prefill import prefill_rows
+from ddtree.engine.prefill_graphs import PrefillGraphs
 from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
@@ -88,6 +90,11 @@ class Engine:
         self.state = SlotState(self.plan.num_slots, block, feature_width, self.device, dtype)
         self.slots = SlotAllocator(self.plan.num_slots)
         self.graphs = GraphRunner(self.device, config.cuda_graphs)
+        static = config.static_prefill if config.static_prefill is not None else (
+            self.graphs.enabled)
+        self._static_prefill = PrefillGraphs(
+            self.graphs, self.state.scratch, self.plan.max_len, self.plan.num_slots,
+            config.max_prefill_tokens, self.device) if static else None
         self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
         self.waiting: deque[Row] = deque()
         self.running: dict[str, Row] = {}  # request id -> row, in admission order
@@ -220,7 +227,8 @@ class Engine:
         started = time.perf_counter()
         params = [RowParams.of(row.request, row.num_nodes, row.seed) for row in rows]
         layers = self.feature_layers if any(row.drafting for row in rows) else ()
-        prefilled = prefill_rows(self.target, self.pool, self.state, rows, params, layers)
+        prefilled = prefill_rows(self.target, self.pool, self.state, rows, params, layers,
+                                 self._static_prefill)
         self.counters.num_target_forwards += 1
         seconds = time.perf_counter() - started  # every row waited for the whole forward
         results = []

@@ -1,5 +1,6 @@
 """Prefill: the prompts of the rows admitted in one step through the target in one forward
-(eagerly: prompt lengths vary), each row's first token chosen like any bonus token, and the
+(in static shapes replayed as a CUDA graph, ddtree/engine/prefill_graphs.py, or eagerly
+in their exact shape), each row's first token chosen like any bonus token, and the
 rows' device state set. Every mode shares this one prefill, so a prompt's K/V and first
 token never depend on the mode, nor on the other prompts of its forward."""
 
@@ -12,12 +13,13 @@ from torch import Tensor
 
 from ddtree.acceptance import sample_race
 from ddtree.engine.logprobs import token_logprobs
+from ddtree.engine.prefill_graphs import PrefillGraphs, prompt_features
 from ddtree.engine.request import TokenLogprob
 from ddtree.engine.rows import Row
 from ddtree.engine.state import RowParams, SlotState
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.meta import prompts_meta
-from ddtree.models.target import TargetModel
+from ddtree.models.target import TargetModel, TargetOutput
 from ddtree.sampling import (
     STREAM_FIRST,
     RowSampling,
@@ -33,35 +35,32 @@ Prefilled = tuple[int, Tensor | None, list[TokenLogprob] | None, list[TokenLogpr
 def prefill_rows(
     target: TargetModel, pool: KVPool, state: SlotState, rows: Sequence[Row],
     params: Sequence[RowParams], feature_layers: Sequence[int],
+    static: PrefillGraphs | None = None,
 ) -> list[Prefilled]:
     """Several rows' prompts in ONE target forward (batched prefill; the kernels make each
-    row's K/V, logits and features those of its prefill alone). Per row -> (first token,
-    prompt features (P, k*H) or None, prompt logprobs, the first token's logprobs), each
-    logprob list only when the request asks for it."""
-    device = pool.k.device
+    row's K/V, logits and features those of its prefill alone), in static shapes through
+    `static` when it is given and the step fits it (no prompt logprobs). Per row ->
+    (first token, prompt features (P, k*H) or None, prompt logprobs, the first token's
+    logprobs), each logprob list only when the request asks for it."""
     lengths = [len(row.request.prompt_ids) for row in rows]
-    prompts = torch.tensor([t for row in rows for t in row.request.prompt_ids],
-                           dtype=torch.long, device=device)
-    meta = prompts_meta([row.slot for row in rows], lengths, device)
-    # Logits of each row's last token, of its whole prompt when it asks for prompt logprobs:
-    # row i's are logits[spans[i][0]:spans[i][1]], its first token's the last of them.
-    wanted: list[int] = []
-    spans: list[tuple[int, int]] = []
-    starts: list[int] = []  # each row's first token in `prompts`
-    end = 0
-    for row, n in zip(rows, lengths, strict=True):
-        starts.append(end)
-        end += n
-        begin = len(wanted)
-        wanted.extend(range(end - n, end) if row.request.prompt_logprobs else (end - 1,))
-        spans.append((begin, len(wanted)))
-    out = target(prompts, meta, pool, feature_layers,
-                 logit_rows=torch.tensor(wanted, device=device))
-    firsts = [choose_token(out.logits[stop - 1:stop], p, row.seed)
-              for row, p, (_, stop) in zip(rows, params, spans, strict=True)]
-    for row, p, first, n in zip(rows, params, firsts, lengths, strict=True):
-        state.start_row(row.slot, n, first, p)
-    first_tokens = torch.cat(firsts).tolist()  # the one host sync
+    prompts = [row.request.prompt_ids for row in rows]
+    is_static = (static is not None and static.fits(sum(lengths), len(rows))
+                 and not any(row.request.prompt_logprobs for row in rows))
+    if is_static:
+        assert static is not None
+        out = static.forward(target, pool, prompts, [row.slot for row in rows], feature_layers)
+        spans = [(i, i + 1) for i in range(len(rows))]  # row i's last-token logits: row i
+    else:
+        out, spans = _eager_forward(target, pool, rows, lengths, feature_layers)
+    last = out.logits[: len(rows)] if is_static else out.logits[
+        torch.tensor([stop - 1 for _, stop in spans], device=out.logits.device)]  # (n, V)
+    firsts = last.argmax(-1)  # (n,)
+    for i, (row, p) in enumerate(zip(rows, params, strict=True)):
+        if p.temperature != 0:
+            firsts[i] = choose_token(last[i:i + 1], p, row.seed)[0]
+        state.start_row(row.slot, lengths[i], firsts[i:i + 1], p)
+    first_tokens = firsts.tolist()  # the one host sync
+    features = prompt_features(out.features, lengths, copy=is_static)
     results: list[Prefilled] = []
     for i, row in enumerate(rows):
         request, (begin, stop) = row.request, spans[i]
@@ -72,11 +71,30 @@ def prefill_rows(
         if request.top_logprobs >= 0:
             logprobs = token_logprobs(out.logits[stop - 1:stop], [first_tokens[i]],
                                       request.top_logprobs)
-        features = None
-        if out.features is not None:
-            features = out.features[starts[i]:starts[i] + lengths[i]]
-        results.append((first_tokens[i], features, prompt_logprobs, logprobs))
+        results.append((first_tokens[i], features[i], prompt_logprobs, logprobs))
     return results
+
+
+def _eager_forward(target: TargetModel, pool: KVPool, rows: Sequence[Row], lengths: list[int],
+                   feature_layers: Sequence[int]) -> tuple[TargetOutput, list[tuple[int, int]]]:
+    """The prompts' forward in their exact shape. Logits of each row's last token, of its
+    whole prompt when it asks for prompt logprobs: row i's are logits[spans[i][0]:
+    spans[i][1]], its first token's the last of them."""
+    device = pool.k.device
+    prompts = torch.tensor([t for row in rows for t in row.request.prompt_ids],
+                           dtype=torch.long, device=device)
+    meta = prompts_meta([row.slot for row in rows], lengths, device)
+    wanted: list[int] = []
+    spans: list[tuple[int, int]] = []
+    end = 0
+    for row, n in zip(rows, lengths, strict=True):
+        end += n
+        begin = len(wanted)
+        wanted.extend(range(end - n, end) if row.request.prompt_logprobs else (end - 1,))
+        spans.append((begin, len(wanted)))
+    out = target(prompts, meta, pool, feature_layers,
+                 logit_rows=torch.tensor(wanted, device=device))
+    return out, spans
 
 
 def choose_token(logits: Tensor, params: RowParams, seed: int) -> Tensor:

@@ -42,10 +42,11 @@ def pair() -> tuple[TargetModel, DFlashDrafter]:
 
 
 def serve(pair: tuple[TargetModel, DFlashDrafter], kernels: bool, spec: SpecParams,
-          sampling: SamplingParams) -> dict[str, list[int]]:
+          sampling: SamplingParams, static_prefill: bool = False) -> dict[str, list[int]]:
     target, drafter = pair
     target.backend = Backend(kernels=kernels)
-    config = EngineConfig(max_num_seqs=2, max_model_len=40, max_budget=8)
+    config = EngineConfig(max_num_seqs=2, max_model_len=40, max_budget=8,
+                          static_prefill=static_prefill)
     plan = plan_pool(config, target.config, torch.device("cpu"), torch.float32, 0,
                      drafter.config.block_size - 1)
     local = LocalDrafter(drafter, target.embeddings, plan.num_slots, plan.max_model_len,
@@ -72,6 +73,17 @@ def test_engine_on_the_kernels_serves_what_it_serves_on_the_references(
     assert on_kernels == serve(pair, False, spec, sampling)
     if sampling.is_greedy:
         assert on_kernels == serve(pair, True, SpecParams("ar"), sampling)
+
+
+@pytest.mark.parametrize("spec,sampling", [
+    (SpecParams("tree", 8), SamplingParams()),
+    (SpecParams("linear"), SamplingParams(temperature=0.7, seed=5)),
+])
+def test_the_padded_static_prefill_serves_bitwise_what_the_exact_shape_one_serves(
+        pair, spec: SpecParams, sampling: SamplingParams) -> None:
+    """The shape the GPU replays as a graph: padding into the scratch row changes no row."""
+    assert serve(pair, True, spec, sampling, static_prefill=True) == serve(
+        pair, True, spec, sampling)
 
 
 @pytest.mark.parametrize("kernels", [True, False])
