@@ -300,6 +300,24 @@ def stage_profile(args: argparse.Namespace) -> dict[str, Any]:
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
             tables.append(f"== {name} batch {batch} (32 tokens per row)\n{table}")
     (OUT / "profile_kernels.txt").write_text("\n".join(tables))
+    rows.update(prefill_times(target, drafter, prompts))
+    return rows
+
+
+def prefill_times(target: Any, drafter: Any, prompts: list[list[int]]) -> dict[str, Any]:
+    """Time to the first token of one request alone (its prefill, plus the drafter's
+    context for a drafting mode), static shapes replayed as graphs vs eager, in ms."""
+    rows: dict[str, Any] = {}
+    for static in (True, False):
+        engine = build_engine(target, drafter, EngineConfig(
+            max_num_seqs=8, max_model_len=2048, static_prefill=static))
+        for name in ("ar", "tree@32"):
+            sequential(engine, prompts, SPECS[name], 1)  # capture each bucket first
+            times = [run_batch(engine, [p], SPECS[name], 1)["wall_s"] for p in prompts]
+            key = f"prefill {name} {'static' if static else 'eager'}"
+            rows[key] = {"ttft_ms": round(sum(times) / len(times) * 1e3, 2),
+                         "prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1)}
+            print(f"profile {key}: {rows[key]}", flush=True)
     return rows
 
 
