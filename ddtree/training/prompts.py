@@ -5,7 +5,8 @@ software (self-distillation needs prompts, not answers):
   standard library (site-packages when asked), "implement this function" style;
 - `code`: chunks of the same files to continue / explain / review;
 - `module`: chat questions about stdlib modules and functions (names, docstrings);
-- `docs`: paragraphs of Python's reST documentation when installed (Debian python3-doc);
+- `docs`: prose paragraphs (Python's reST documentation when installed, module and long
+  function docstrings) to summarise, explain or answer questions about;
 - `saying`: fortunes / jargon entries when installed;
 - `chat`, `math`: the project's own templates over everyday topics and small numbers.
 
@@ -61,9 +62,12 @@ class PromptConfig:
     max_chars: int = 1_500
     raw_fraction: float = 0.1  # share of `code` prompts sent as plain completions
     include_site_packages: bool = False
+    # Second version (2026-12-01): more prose (summaries, questions on a passage) and chat,
+    # less code: the first drafters transferred to code prompts far better than to
+    # spec-bench's chat, summary and QA sets.
     weights: dict[str, float] = field(default_factory=lambda: {
-        "implement": 0.18, "write": 0.07, "code": 0.2, "module": 0.13, "docs": 0.1,
-        "saying": 0.04, "chat": 0.22, "math": 0.06})
+        "implement": 0.14, "write": 0.07, "code": 0.16, "module": 0.11, "docs": 0.16,
+        "saying": 0.04, "chat": 0.26, "math": 0.06})
     doc_dirs: tuple[Path, ...] | None = None  # None: the Debian locations, when present
     saying_files: tuple[Path, ...] | None = None
 
@@ -202,6 +206,9 @@ def _add_file_prompts(pools: dict[str, list[Prompt]], source: str, module: str,
             name=name, summary=summary), "write"))
         pools["module"].append(Prompt(rng.choice(templates.MODULE).format(
             module=module, qualname=qualname, summary=summary, doc=doc[:600]), "module"))
+        for paragraph in prose_paragraphs(doc):  # a long docstring is prose to summarise
+            pools["docs"].append(Prompt(rng.choice(templates.DOCS).format(text=paragraph),
+                                        "docs"))
     for chunk in code_chunks(source, rng, PER_FILE):
         if rng.random() < config.raw_fraction:
             pools["code"].append(Prompt(chunk + "\n", "code", chat=False))

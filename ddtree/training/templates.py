@@ -54,6 +54,12 @@ DOCS = (
     "Write three questions a student might ask about this text, and answer them.\n\n{text}",
     "Rewrite this paragraph for a beginner programmer.\n\n{text}",
     "{text}\n\nWhat is the main point of the paragraph above?",
+    "Summarize the following text in a few sentences.\n\n{text}",
+    "Read the passage and answer the question.\n\nPassage: {text}\n\nQuestion: What is "
+    "the passage mainly about, and what does it recommend?",
+    "{text}\n\nIn one sentence, what does this describe?",
+    "Write a short headline and a two-sentence summary for this text.\n\n{text}",
+    "Answer from the text only: what problem does it address?\n\n{text}",
 )
 
 # {text}: a fortune-cookie saying or a jargon-file entry.

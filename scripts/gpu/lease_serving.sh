@@ -9,9 +9,12 @@
 #           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per
 #           run: at c8 a finished request's row is refilled at once), in process and through
 #           `ddtree serve` (`ddtree bench --url`)
-#   call 5  the 10-minute soak (64 streams, the drafter SIGKILLed every 60 s) started in its
-#           own process session, then the drafter job (scripts/gpu/lease_drafter.sh) beside it
-#   call 6  the new drafter's acceptance table while the soak ends, then the soak's report
+#   call 5  the drafter job (scripts/gpu/lease_drafter.sh train, continuing from the
+#           committed drafter on new engine data plus the carried packs: carry
+#           .carry/drafter-data); SOAK=1 starts the 10-minute soak beside it instead
+#   call 6  the new drafter's acceptance table and speed table, then the engine's
+#           concurrency curves (engine_bench.py --stages load); with SOAK=1 the soak's report
+# Every part prints its start time (seconds into the call) so the next lease can plan.
 # Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
@@ -27,6 +30,9 @@ wait_healthy() {  # pid log
   done
   echo "ddtree serve not healthy in 120 s"; return 3
 }
+
+CALL_START=$(date +%s)
+mark() { echo "== [$(( $(date +%s) - CALL_START )) s] $*"; }
 
 load_bench() {  # extra bench arguments...
   # 40 requests per run (the first 40 HumanEval problems), 256 tokens, 2 repeats: at c8 a
@@ -51,19 +57,29 @@ case "${1:?call number}" in
 from pathlib import Path
 from ddtree.demo.pull import pull_smollm2
 print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
-  timeout 260 python3 scripts/gpu/engine_bench.py --stages exact,speed,profile --target $T \
+  mark engine_bench
+  timeout 250 python3 scripts/gpu/engine_bench.py --stages exact,speed,profile --target $T \
     --humaneval $H 2>&1 | tee "$OUT/engine.txt" | grep -v " c[18]: =6/6"
   tar -C "$OUT" -cf "$OUT/engine_json.tar" $(cd "$OUT" && ls engine_*.json) && rm -f "$OUT"/engine_*.json
+  mark bench in process
   load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -7
+  mark serve
   python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
     --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
   S=$!
   wait_healthy $S "$OUT/serve.log" || exit 3
+  mark bench url
   load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url.txt" | tail -7
   curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics.txt"
   kill $S; wait $S 2>/dev/null
+  mark done
   ;;
 5)
+  if [ -z "${SOAK:-}" ]; then
+    INIT_FROM=${INIT_FROM:-$D} DATA_IN=${DATA_IN:-.carry/drafter-data} LR=${LR:-4e-4} \
+      TOTAL_SECONDS=${TOTAL_SECONDS:-540} timeout 585 bash scripts/gpu/lease_drafter.sh train 2>&1 | tail -40
+    exit
+  fi
   mkdir -p /tmp/soak
   setsid python3 scripts/soak.py --start --target $T --drafter $D --device cuda \
     --dtype bfloat16 --concurrency 64 --duration-s 600 --kill-drafter-every-s 60 \
@@ -73,7 +89,18 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   tail -3 /tmp/soak/log.txt
   ;;
 6)
-  timeout 260 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -30  # while the soak ends
+  mark table
+  timeout 250 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -30  # while a soak ends
+  if [ -z "${SOAK:-}" ]; then
+    mark speed, new drafter
+    mkdir -p "$OUT/new" && OUT="$OUT/new" timeout 200 python3 scripts/gpu/engine_bench.py \
+      --stages speed --target $T --drafter /tmp/ddtree-drafter-new --humaneval $H 2>&1 | tail -16
+    mark load curves
+    OUT="$OUT/new" timeout 110 python3 scripts/gpu/engine_bench.py --stages load --target $T \
+      --drafter $D --humaneval $H 2>&1 | grep -v Warn | tail -18
+    mark done
+    exit
+  fi
   for _ in $(seq 1 240); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
   cp /tmp/soak/report.json "$OUT/soak_report.json"; tail -c 20000 /tmp/soak/log.txt > "$OUT/soak_log.txt"
   cat "$OUT/soak_report.json"

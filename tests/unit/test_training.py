@@ -187,9 +187,26 @@ def test_prompts_are_deterministic_deduplicated_and_capped() -> None:
     assert [p.text for p in first] == [p.text for p in again]
     assert len(first) == 600 and len({p.text for p in first}) == 600
     assert max(len(p.text) for p in first) <= 900
-    assert {"implement", "code", "chat", "module"} <= {p.source for p in first}
+    assert {"implement", "code", "chat", "module", "docs"} <= {p.source for p in first}
     other = build_prompts(PromptConfig(num_prompts=600, seed=4, max_chars=900))
     assert [p.text for p in other] != [p.text for p in first]
+
+
+def test_long_docstrings_become_prose_prompts_to_summarise_or_question(tmp_path) -> None:
+    """Without installed docs, function docstrings still feed the prose pool."""
+    import random
+
+    from ddtree.training.prompts import source_pools
+
+    doc = ("Return the running total of the values seen so far, so that a caller can\n"
+           "stop early when the total passes a limit. The values are read lazily from\n"
+           "the iterable, which may be infinite, and nothing is stored besides the sum.\n"
+           "This keeps memory use constant however long the input turns out to be.")
+    source = f'def running_total(values, limit):\n    """{doc}"""\n    return 0\n'
+    (tmp_path / "totals.py").write_text(source)
+    pools = source_pools([tmp_path / "totals.py"], PromptConfig(num_prompts=10),
+                         random.Random(0))
+    assert len(pools["docs"]) == 1 and " ".join(doc.split()) in pools["docs"][0].text
 
 
 def test_chat_prompts_are_encoded_in_the_targets_chat_template() -> None:
