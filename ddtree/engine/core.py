@@ -80,7 +80,8 @@ class Engine:
         self.target, self.drafting, self.config = target, drafting, config
         weight = target.embeddings.embed_tokens.weight
         self.device, dtype = weight.device, weight.dtype
-        target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant)
+        target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant,
+                                 fused=config.fused_prologues)
         depth = drafting.block_size - 1 if drafting is not None else 0
         self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)
         self.pool: KVPool = target.new_pool(self.plan.num_slots + 1, self.plan.max_len)

@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.prologues import NORM, a_tile, inverse_rms, sum_squares
+
 
 def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                      out_dtype: torch.dtype | None = None) -> Tensor:
@@ -93,8 +95,9 @@ def default_linear_config(out_features: int, in_features: int,
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, num_rows, N, K, blocks_per_split,
-    stride_xm, stride_wn, stride_om,
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, r_ptr, nw_ptr, h_ptr, num_rows, N, K,
+    blocks_per_split, eps, stride_xm, stride_rm, stride_hm, stride_wn, stride_om,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IEEE: tl.constexpr,
@@ -107,7 +110,15 @@ def _linear_kernel(
     ks = tl.arange(0, BLOCK_K)
     row_mask = rows < num_rows
     col_mask = cols < N
+    if PROLOGUE == NORM:  # every program needs its rows' statistics over all of K
+        store_rows = row_mask & ((tl.zeros([BLOCK_M], tl.int32) + pid_n + pid_k) == 0)
+        rstd = inverse_rms(sum_squares(  # one program per row block stores h
+            x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_xm, stride_rm, stride_hm,
+            K, HAS_RESIDUAL, BLOCK_M), K, eps)
+    else:
+        rstd = tl.zeros([BLOCK_M], tl.float32)  # unused
     x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
+    r_ptrs = r_ptr + rows[:, None] * stride_rm + ks[None, :]  # (BM, BK), NORM only
     w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # (BK, BN)
     first_block = pid_k * blocks_per_split
     last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
@@ -115,16 +126,27 @@ def _linear_kernel(
     for kb in range(first_block, last_block):  # the same K order for every row
         k0 = kb * BLOCK_K
         if EVEN_K:
-            a = tl.load(x_ptrs + k0, mask=row_mask[:, None], other=0.0)
+            k_mask = ks < BLOCK_K
+            a_mask = row_mask[:, None]
             b = tl.load(w_ptrs + k0, mask=col_mask[None, :], other=0.0)
         else:
             k_mask = (k0 + ks) < K
-            a = tl.load(x_ptrs + k0, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            a_mask = row_mask[:, None] & k_mask[None, :]
             b = tl.load(w_ptrs + k0, mask=col_mask[None, :] & k_mask[:, None], other=0.0)
+        a = a_tile(x_ptrs + k0, r_ptrs + k0, nw_ptr + k0 + ks, a_mask, k_mask, rstd, K,
+                   PROLOGUE, HAS_RESIDUAL)
         if DOT_IEEE:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+    _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
+                num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
+                num_rows, N, stride_om, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The (BM, BN) float32 tile: + bias, rounded to the output; or a split's partial."""
     mask = row_mask[:, None] & col_mask[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -171,31 +193,51 @@ def invariant_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 def linear_with_config(x: Tensor, weight: Tensor, bias: Tensor | None,
                        out_dtype: torch.dtype | None, config: LinearConfig) -> Tensor:
     """`invariant_linear` with an explicit tiling (tests and tuning)."""
+    check_operands(x, weight, bias, weight.shape[1])
+    out = x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype)
+    launch_linear(x, weight, bias, out, config)
+    return out
+
+
+def check_operands(x: Tensor, weight: Tensor, bias: Tensor | None, x_width: int) -> None:
+    """x: (T, x_width) contiguous; weight: (N, K) contiguous in x's dtype; bias (N,)."""
     assert x.dim() == 2 and weight.dim() == 2, (x.shape, weight.shape)
     assert x.is_contiguous() and weight.is_contiguous(), "x and weight must be contiguous"
-    assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
+    assert x.shape[1] == x_width, (x.shape, weight.shape)
     assert x.dtype == weight.dtype, (x.dtype, weight.dtype)
     assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), x.dtype
     assert x.device == weight.device, (x.device, weight.device)
-    num_rows, in_features = x.shape
-    out_features = weight.shape[0]
     if bias is not None:
-        assert bias.shape == (out_features,) and bias.is_contiguous(), bias.shape
+        assert bias.shape == (weight.shape[0],) and bias.is_contiguous(), bias.shape
         assert bias.device == x.device, bias.device
-    out = x.new_empty((num_rows, out_features), dtype=out_dtype or x.dtype)
+
+
+def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
+                  config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
+                  norm_weight: Tensor | None = None, h: Tensor | None = None,
+                  eps: float = 0.0) -> None:
+    """Writes out (T, N) = A @ weight.T (+ bias) for checked operands, A being x after
+    `prologue` (prologues.py: 0 plain, 1 norm with residual / norm_weight / eps, storing
+    x + residual in h, 2 SwiGLU on x = [gate | up]); the tiling is `config` whatever T."""
+    num_rows = x.shape[0]
+    out_features, in_features = weight.shape
     if num_rows == 0:
-        return out
+        return
     k_blocks = triton.cdiv(in_features, config.block_k)
     blocks_per_split = triton.cdiv(k_blocks, config.split_k)
     split_k = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
     part = (x.new_empty((split_k, num_rows, out_features), dtype=torch.float32)
             if split_k > 1 else out)
     bias_arg = bias if bias is not None else out
+    source = residual if residual is not None else x
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
     _linear_kernel[grid](
-        x, weight, bias_arg, out, part, num_rows, out_features, in_features,
-        blocks_per_split, x.stride(0), weight.stride(0), out.stride(0),
+        x, weight, bias_arg, out, part, source,
+        norm_weight if norm_weight is not None else weight, h if h is not None else out,
+        num_rows, out_features, in_features, blocks_per_split, eps, x.stride(0),
+        source.stride(0), h.stride(0) if h is not None else 0, weight.stride(0),
+        out.stride(0), PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
@@ -207,4 +249,3 @@ def linear_with_config(x: Tensor, weight: Tensor, bias: Tensor | None,
             part, bias_arg, out, num_rows, out_features, out.stride(0),
             HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, num_warps=4,
         )
-    return out

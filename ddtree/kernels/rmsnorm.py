@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.prologues import inverse_rms, residual_sum, rms_scale, sum_squares
+
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float,
                        residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -28,20 +30,18 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    # The statistics in the fixed order the GEMM's norm prologue uses (prologues.py),
+    # storing h on the way; then the whole row again for the output.
+    one = tl.full([1], True, tl.int1)
+    sum_sq = sum_squares(x_ptr, residual_ptr, h_ptr, row + tl.arange(0, 1), one, one,
+                         stride_x, stride_r, stride_h, hidden, HAS_RESIDUAL, 1)
+    rstd = inverse_rms(sum_sq, hidden, eps)  # (1,)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:  # the residual stream is rounded to the model dtype, as in eager
-        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        h = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        tl.store(h_ptr + row * stride_h + cols, h, mask=mask)
-    else:
-        h = x
-    h32 = h.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(h32 * h32, 0) / hidden + eps)
-    normed = (h32 * rstd).to(x.dtype).to(tl.float32)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (weight * normed).to(x.dtype), mask=mask)
+    h = residual_sum(x_ptr + row * stride_x + cols, residual_ptr + row * stride_r + cols,
+                     mask, HAS_RESIDUAL)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rstd, weight), mask=mask)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float,

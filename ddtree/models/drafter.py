@@ -81,17 +81,16 @@ class DraftAttention(nn.Module):
         self.qkv_bias = (torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
                          if self.q_proj.bias is not None else None)
 
-    def forward_pool(self, backend: Backend, h: Tensor, meta: AttentionMeta, inv_freq: Tensor,
-                     k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        """Inference: h (T, H) normed block rows -> (T, H); the block's K/V are written
-        past each row's context (scratch) and attended together with the context."""
-        assert self.qkv_weight is not None, "call DFlashDrafter.fuse_weights() first"
-        qkv = ops.linear(backend, h, self.qkv_weight, self.qkv_bias)
+    def forward_pool(self, backend: Backend, qkv: Tensor, meta: AttentionMeta,
+                     inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Inference: qkv (T, (Hq+2Hkv)*D), the fused projection of the normed block rows
+        (`ops.norm_linear` with `qkv_weight`) -> (T, H); the block's K/V are written past
+        each row's context (scratch) and attended together with the context."""
         q = ops.rope_store(backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads,
                            self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
                            self.q_norm.eps)  # (T, Hq, D)
         out = ops.attention(backend, q, k_cache, v_cache, meta, self.head_dim ** -0.5)
-        return ops.linear(backend, out.reshape(h.shape[0], -1), self.o_proj.weight,
+        return ops.linear(backend, out.reshape(qkv.shape[0], -1), self.o_proj.weight,
                           self.o_proj.bias)
 
     def forward(self, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
@@ -196,13 +195,17 @@ class DFlashDrafter(nn.Module):
         inv_freq = self.rotary.inv_freq
         for i, module in enumerate(self.layers):
             layer = cast(DraftLayer, module)
-            h, residual = ops.rms_norm(backend, x, layer.input_layernorm.weight,
-                                       layer.input_layernorm.eps, residual)
-            attn = layer.self_attn.forward_pool(backend, h, meta, inv_freq, pool.k[i],
-                                                pool.v[i])
-            h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
-                                       layer.post_attention_layernorm.eps, residual)
-            x = layer.mlp.infer(backend, h)
+            attn, mlp = layer.self_attn, layer.mlp
+            assert attn.qkv_weight is not None and mlp.gate_up_weight is not None, \
+                "call DFlashDrafter.fuse_weights() first"
+            norm = layer.input_layernorm
+            qkv, residual = ops.norm_linear(backend, x, residual, norm.weight, norm.eps,
+                                            attn.qkv_weight, attn.qkv_bias)
+            x = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i])
+            norm = layer.post_attention_layernorm
+            gate_up, residual = ops.norm_linear(backend, x, residual, norm.weight, norm.eps,
+                                                mlp.gate_up_weight)  # (T, 2I)
+            x = mlp.down(backend, gate_up)
         h, _ = ops.rms_norm(backend, x, self.norm.weight, self.norm.eps, residual)
         h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)

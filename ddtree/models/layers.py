@@ -50,8 +50,13 @@ class SwiGLU(nn.Module):
     def infer(self, backend: ops.Backend, x: Tensor) -> Tensor:
         """x: (T, H) -> (T, H) through the backend's kernels."""
         assert self.gate_up_weight is not None, "fuse the model's weights after loading"
-        gate_up = ops.linear(backend, x, self.gate_up_weight)  # (T, 2I)
-        return ops.linear(backend, ops.silu_mul(backend, gate_up), self.down_proj.weight)
+        return self.down(backend, ops.linear(backend, x, self.gate_up_weight))  # via (T, 2I)
+
+    def down(self, backend: ops.Backend, gate_up: Tensor) -> Tensor:
+        """gate_up: (T, 2I) = [gate | up] -> down(silu(gate) * up): (T, H), the SwiGLU
+        inside the down GEMM when the backend fuses (the decoders compute gate_up with
+        the norm before it fused in: `ops.norm_linear`)."""
+        return ops.swiglu_down(backend, gate_up, self.down_proj.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -4,7 +4,10 @@ or to its plain-PyTorch reference on the CPU (ddtree/kernels/).
 `Backend.invariant` chooses the GEMM: the batch-invariant Triton matmul (every mode serves
 the ar tokens bit for bit in bf16) or the GEMM library (cuBLAS; faster at some shapes,
 but a row's result depends on how many rows share the call). Attention, norms and the
-QKV prologue are invariant by construction on both paths.
+QKV prologue are invariant by construction on both paths. `Backend.fused` folds the norm
+before the QKV and gate_up GEMMs and the SwiGLU before the down GEMM into those GEMMs
+(ddtree/kernels/fused_linear.py: same bits, three launches fewer per layer); it applies
+only to the invariant Triton GEMM, everything else runs the separate operations.
 """
 
 from __future__ import annotations
@@ -15,17 +18,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddtree.kernels import matmul, rmsnorm, rope, swiglu, tree_attention
+from ddtree.kernels import fused_linear, matmul, rmsnorm, rope, swiglu, tree_attention
 from ddtree.models.meta import AttentionMeta
 
 
 @dataclass(frozen=True)
 class Backend:
     """kernels: run the Triton kernels (a GPU, or the interpreter in kernel tests);
-    invariant: batch-invariant GEMMs (only meaningful with kernels)."""
+    invariant: batch-invariant GEMMs (only meaningful with kernels); fused: the norm and
+    SwiGLU prologues inside those GEMMs (only meaningful with kernels and invariant)."""
 
     kernels: bool = False
     invariant: bool = True
+    fused: bool = True
+
+    @property
+    def fuses_prologues(self) -> bool:
+        return self.kernels and self.invariant and self.fused
 
     @classmethod
     def for_device(cls, device: torch.device, invariant: bool = True) -> Backend:
@@ -50,6 +59,16 @@ def rms_norm(backend: Backend, x: Tensor, weight: Tensor, eps: float,
     if backend.kernels:
         return rmsnorm.rms_norm(x, weight, eps, residual)
     return rmsnorm.rms_norm_reference(x, weight, eps, residual)
+
+
+def norm_linear(backend: Backend, x: Tensor, residual: Tensor | None, norm_weight: Tensor,
+                eps: float, weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x, residual: (T, H); norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N),
+    h) with h = x + residual (or x): `rms_norm` then `linear`, in one GEMM when fused."""
+    if backend.fuses_prologues:
+        return fused_linear.norm_linear(x, residual, norm_weight, eps, weight, bias)
+    normed, h = rms_norm(backend, x, norm_weight, eps, residual)
+    return linear(backend, normed, weight, bias), h
 
 
 def rope_store(backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
@@ -78,3 +97,12 @@ def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
     if backend.kernels:
         return swiglu.silu_mul(gate_up)
     return swiglu.silu_mul_reference(gate_up)
+
+
+def swiglu_down(backend: Backend, gate_up: Tensor, weight: Tensor,
+                bias: Tensor | None = None) -> Tensor:
+    """gate_up: (T, 2I) = [gate | up]; weight: (N, I) -> linear(silu(gate) * up) (T, N):
+    `silu_mul` then `linear`, in one GEMM when fused."""
+    if backend.fuses_prologues:
+        return fused_linear.swiglu_down(gate_up, weight, bias)
+    return linear(backend, silu_mul(backend, gate_up), weight, bias)

@@ -97,17 +97,17 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = torch.cat([p.bias for p in projections])  # type: ignore[misc]
 
-    def forward(self, backend: Backend, x: Tensor, meta: AttentionMeta, inv_freq: Tensor,
+    def forward(self, backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
                 k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        """x: (T, H) normed -> (T, H); stores this layer's new K/V in the pool layer."""
-        assert self.qkv_weight is not None, "call TargetModel.fuse_weights() after loading"
-        qkv = ops.linear(backend, x, self.qkv_weight, self.qkv_bias)  # (T, (Hq+2Hkv)*D)
+        """qkv: (T, (Hq+2Hkv)*D), the fused projection of the normed input (the caller's
+        `ops.norm_linear` with `qkv_weight`) -> (T, H); stores this layer's new K/V in
+        the pool layer."""
         q = ops.rope_store(
             backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads, self.num_kv_heads,
             self.q_norm.weight if self.q_norm is not None else None,
             self.k_norm.weight if self.k_norm is not None else None, self.eps)  # (T, Hq, D)
         out = ops.attention(backend, q, k_cache, v_cache, meta, self.scale)  # (T, Hq, D)
-        return ops.linear(backend, out.reshape(x.shape[0], -1), self.o_proj.weight,
+        return ops.linear(backend, out.reshape(qkv.shape[0], -1), self.o_proj.weight,
                           self.o_proj.bias)
 
 
@@ -123,7 +123,7 @@ def _row_views(fused: Tensor, projections: Sequence[nn.Linear]) -> list[Tensor]:
 
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h)). The residual add
-    is fused into the next norm (`ops.rms_norm` with a residual)."""
+    is fused into the next norm, and the norm into the GEMM after it (`ops.norm_linear`)."""
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
@@ -234,15 +234,19 @@ class TargetModel(nn.Module):
         captured: dict[int, Tensor] = {}
         for index, module in enumerate(self.layers):
             layer = cast(DecoderLayer, module)
-            h, residual = ops.rms_norm(backend, delta, layer.input_layernorm.weight,
-                                       layer.input_layernorm.eps, residual)
+            attn, mlp = layer.self_attn, layer.mlp
+            assert attn.qkv_weight is not None and mlp.gate_up_weight is not None, \
+                "call TargetModel.fuse_weights() after loading"
+            norm = layer.input_layernorm
+            qkv, residual = ops.norm_linear(backend, delta, residual, norm.weight, norm.eps,
+                                            attn.qkv_weight, attn.qkv_bias)  # (T, (Hq+2Hkv)D)
             if index - 1 in feature_layers:
                 captured[index - 1] = residual  # the output of the previous layer
-            attn = reduce(layer.self_attn(backend, h, meta, inv_freq, pool.k[index],
-                                          pool.v[index]))
-            h, residual = ops.rms_norm(backend, attn, layer.post_attention_layernorm.weight,
-                                       layer.post_attention_layernorm.eps, residual)
-            delta = reduce(layer.mlp.infer(backend, h))
+            delta = reduce(attn(backend, qkv, meta, inv_freq, pool.k[index], pool.v[index]))
+            norm = layer.post_attention_layernorm
+            gate_up, residual = ops.norm_linear(backend, delta, residual, norm.weight,
+                                                norm.eps, mlp.gate_up_weight)  # (T, 2I)
+            delta = reduce(mlp.down(backend, gate_up))
         h, _ = ops.rms_norm(backend, delta, self.norm.weight, self.norm.eps, residual)
         last_layer = self.config.num_layers - 1
         if last_layer in feature_layers:

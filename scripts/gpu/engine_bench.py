@@ -4,7 +4,8 @@ Stages (comma list, `--stages`):
   exact     every mode x budget on HumanEval (chat template, T=0) at concurrency 1 and 8,
             bf16 with batch-invariant kernels: tokens compared with ar's (and the speeds)
   speed     tok/s per mode at batch 1 side by side: ar, linear, tree@{15,16,32,64},
-            shadow@64, plus ar / tree@64 with the batch-invariant GEMMs off (cuBLAS) and
+            shadow@64, plus ar / tree@32 with the fused norm/SwiGLU prologues off
+            (unfused), ar / tree@64 with the batch-invariant GEMMs off (cuBLAS) and
             transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
@@ -214,17 +216,26 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     target, drafter, tokenizer = load(args, torch.bfloat16)
     prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
     rows: dict[str, Any] = {}
-    for invariant in (True, False):
-        engine = build_engine(target, drafter, EngineConfig(max_num_seqs=4, max_model_len=2048,
-                                                            invariant=invariant))
-        names = (("ar", "linear", "tree@15", "tree@15k8", "tree@16", "tree@32", "tree@64",
-                  "tree@128", "shadow@16", "shadow@64") if invariant else ("ar", "tree@64"))
-        reference = None
+    # (row suffix, invariant GEMMs, fused norm/SwiGLU prologues, modes). The unfused rows
+    # are compared with the fused ar tokens (the fusion must not change a bit); cuBLAS
+    # rows with cuBLAS ar (not batch invariant: a row's bits depend on the batch).
+    variants = (("", True, True, ("ar", "linear", "tree@15", "tree@15k8", "tree@16",
+                                  "tree@32", "tree@64", "tree@128", "shadow@16", "shadow@64")),
+                (" (unfused)", True, False, ("ar", "tree@32")),
+                (" (cuBLAS)", False, True, ("ar", "tree@64")))
+    ar_tokens = None
+    for suffix, invariant, fused, names in variants:
+        engine = build_engine(target, drafter, EngineConfig(
+            max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused))
+        if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
+            engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=fused)
+        reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
             run = sequential(engine, prompts, SPECS[name], args.max_tokens)
             reference = reference or run["tokens"]
-            key = f"{name}{'' if invariant else ' (cuBLAS)'}"
+            ar_tokens = ar_tokens or run["tokens"]
+            key = f"{name}{suffix}"
             rows[key] = {"tok_s": round(run["tok_s"], 1), "tau": round(run["tau"], 3),
                          "same_as_ar": run["tokens"] == reference}
             print(f"{key:>18}: {run['tok_s']:8.1f} tok/s  tau {run['tau']:.2f}", flush=True)

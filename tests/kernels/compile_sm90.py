@@ -24,6 +24,7 @@ from triton.runtime.jit import JITFunction
 
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.tree_attention as attention
+from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
 from ddtree.kernels.swiglu import silu_mul
@@ -94,6 +95,10 @@ def _launch_all() -> None:
         rope_store(qkv, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
                    num_heads, num_kv_heads, weight, weight)
     silu_mul(torch.randn(2, 2 * 1536).to(bf16))
+    for out_features in (960, 3072):  # the demo target's fused prologues
+        x = torch.randn(3, 576).to(bf16)
+        norm_linear(x, x.clone(), x[0].clone(), 1e-6, torch.empty(out_features, 576, dtype=bf16))
+    swiglu_down(torch.randn(3, 2 * 1536).to(bf16), torch.empty(576, 1536, dtype=bf16))
 
 
 def sass_of(kernel: object) -> tuple[str, str]:

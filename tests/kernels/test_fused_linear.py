@@ -1,0 +1,160 @@
+"""GEMMs with a fused prologue: `norm_linear` equals the RMSNorm kernel then the invariant
+linear, and `swiglu_down` equals silu_mul then the linear, bitwise (h too), across K-block
+and split-K boundaries and ragged sizes; a row's result does not depend on the batch; both
+match their float64 references; a target gives the same logits and features fused or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.kernels.fused_linear import (
+    norm_linear,
+    norm_linear_reference,
+    norm_linear_with_config,
+    swiglu_down,
+    swiglu_down_reference,
+    swiglu_down_with_config,
+)
+from ddtree.kernels.matmul import LinearConfig, linear_config, linear_with_config
+from ddtree.kernels.rmsnorm import rms_norm
+from ddtree.kernels.swiglu import silu_mul
+from ddtree.models.ops import Backend
+from ddtree.models.target import TargetModel
+from ddtree.models.target_config import TargetConfig
+
+SPLIT_3 = LinearConfig(64, 32, 32, 3, 4, 2)  # K = 320: blocks of 4, 4 and 2 per split
+SPLIT_3_FP32 = LinearConfig(32, 32, 32, 3, 4, 2)
+EPS = 1e-6
+
+# (name, N, K, dtype, residual, bias, config or None for linear_config's). K is H for the
+# norm, I for SwiGLU (x is then (T, 2I)).
+NORM_CASES = {
+    "bf16-split-k-residual-bias": (80, 320, torch.bfloat16, True, True, SPLIT_3),
+    "fp32-split-k-no-residual": (48, 320, torch.float32, False, True, SPLIT_3_FP32),
+    "fp16-ragged-residual": (40, 100, torch.float16, True, False, None),
+    "bf16-ragged-own-config": (72, 200, torch.bfloat16, True, True, None),
+    "bf16-demo-qkv": (960, 576, torch.bfloat16, True, False, None),
+}
+SWIGLU_CASES = {
+    "bf16-split-k": (80, 320, torch.bfloat16, False, False, SPLIT_3),
+    "fp32-split-k-bias": (48, 320, torch.float32, False, True, SPLIT_3_FP32),
+    "fp16-ragged": (40, 100, torch.float16, False, False, None),
+    "bf16-demo-down-tuned-split": (576, 1536, torch.bfloat16, False, False, None),
+}
+ROWS = 80  # two row blocks of 64
+
+
+def make(case: tuple, x_width: int, seed: int) -> tuple:
+    out_features, in_features, dtype, has_residual, has_bias, config = case
+    gen = torch.Generator().manual_seed(seed)
+    x = (2 * torch.randn(ROWS, x_width, generator=gen)).to(dtype)
+    residual = torch.randn(ROWS, x_width, generator=gen).to(dtype) if has_residual else None
+    norm_weight = (1 + torch.randn(in_features, generator=gen) / 5).to(dtype)
+    weight = (torch.randn(out_features, in_features, generator=gen) / 10).to(dtype)
+    bias = torch.randn(out_features, generator=gen).to(dtype) if has_bias else None
+    config = config or linear_config(out_features, in_features, dtype)
+    return x, residual, norm_weight, weight, bias, config
+
+
+@pytest.fixture(params=list(NORM_CASES), scope="module")
+def norm_problem(request: pytest.FixtureRequest) -> tuple:
+    case = NORM_CASES[request.param]
+    x, residual, norm_weight, weight, bias, config = make(case, case[1], 1)
+    whole = norm_linear_with_config(x, residual, norm_weight, EPS, weight, bias, config)
+    return x, residual, norm_weight, weight, bias, config, whole
+
+
+@pytest.fixture(params=list(SWIGLU_CASES), scope="module")
+def swiglu_problem(request: pytest.FixtureRequest) -> tuple:
+    case = SWIGLU_CASES[request.param]
+    gate_up, _, _, weight, bias, config = make(case, 2 * case[1], 2)
+    return gate_up, weight, bias, config, swiglu_down_with_config(gate_up, weight, bias, config)
+
+
+def test_norm_linear_equals_the_norm_kernel_then_the_linear(norm_problem: tuple) -> None:
+    x, residual, norm_weight, weight, bias, config, (out, h) = norm_problem
+    normed, expected_h = rms_norm(x, norm_weight, EPS, residual)
+    assert torch.equal(h, expected_h)
+    assert torch.equal(out, linear_with_config(normed, weight, bias, None, config))
+
+
+@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (3, 5), (17, 60), (65, 3)])
+def test_norm_linear_rows_do_not_depend_on_the_batch(norm_problem: tuple, num_rows: int,
+                                                     offset: int) -> None:
+    x, residual, norm_weight, weight, bias, config, (out, h) = norm_problem
+    rows = slice(offset, offset + num_rows)
+    part = residual[rows] if residual is not None else None
+    part_out, part_h = norm_linear_with_config(x[rows], part, norm_weight, EPS, weight, bias,
+                                               config)
+    assert torch.equal(part_out, out[rows]) and torch.equal(part_h, h[rows])
+
+
+def test_norm_linear_matches_the_float64_reference(norm_problem: tuple) -> None:
+    x, residual, norm_weight, weight, bias, _, (out, h) = norm_problem
+    expected, expected_h = norm_linear_reference(x, residual, norm_weight, EPS, weight, bias)
+    assert_close_in_norm(out, expected)
+    assert_close_in_norm(h, expected_h)
+
+
+def test_swiglu_down_equals_silu_mul_then_the_linear(swiglu_problem: tuple) -> None:
+    gate_up, weight, bias, config, out = swiglu_problem
+    assert torch.equal(out, linear_with_config(silu_mul(gate_up), weight, bias, None, config))
+
+
+@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (3, 5), (17, 60), (65, 3)])
+def test_swiglu_down_rows_do_not_depend_on_the_batch(swiglu_problem: tuple, num_rows: int,
+                                                     offset: int) -> None:
+    gate_up, weight, bias, config, out = swiglu_problem
+    rows = slice(offset, offset + num_rows)
+    assert torch.equal(swiglu_down_with_config(gate_up[rows], weight, bias, config), out[rows])
+
+
+def test_swiglu_down_matches_the_float64_reference(swiglu_problem: tuple) -> None:
+    gate_up, weight, bias, _, out = swiglu_problem
+    assert_close_in_norm(out, swiglu_down_reference(gate_up, weight, bias))
+
+
+def assert_close_in_norm(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """The relative error bound of tests/kernels/test_matmul.py."""
+    assert out.dtype == expected.dtype and not out.isnan().any()
+    error = ((out.double() - expected.double()).norm() / expected.double().norm()).item()
+    assert error < (1e-5 if out.dtype == torch.float32 else 1e-2), error
+
+
+def test_without_residual_h_is_the_input_and_empty_batches_work() -> None:
+    x, weight = torch.randn(3, 64), torch.randn(16, 64)
+    assert norm_linear(x, None, torch.ones(64), EPS, weight)[1] is x
+    out, h = norm_linear(x[:0], x[:0], torch.ones(64), EPS, weight)
+    assert out.shape == (0, 16) and h.shape == (0, 64)
+    assert swiglu_down(torch.randn(0, 64), torch.randn(16, 32)).shape == (0, 16)
+
+
+def test_rejects_malformed_arguments() -> None:
+    weight = torch.randn(16, 32)
+    with pytest.raises(AssertionError):
+        swiglu_down(torch.randn(2, 32), weight)  # gate_up must be (T, 2I)
+    with pytest.raises(AssertionError):
+        norm_linear(torch.randn(2, 32), None, torch.ones(16), EPS, weight)
+    with pytest.raises(AssertionError):
+        norm_linear(torch.randn(2, 32), torch.randn(2, 32).half(), torch.ones(32), EPS, weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_target_gives_the_same_logits_and_features_fused_or_not(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    target = TargetModel(TargetConfig.from_hf({  # qkv bias (Qwen2) and q/k norms (Qwen3)
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 96,
+        "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+        "attention_bias": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 64}))
+    for param in target.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    target = target.to(dtype).eval().requires_grad_(False).fuse_weights()
+    ids = torch.randint(0, 96, (2, 7))
+    outputs = []
+    for fused in (True, False):
+        target.backend = Backend(kernels=True, fused=fused)
+        outputs.append(target.causal(ids, feature_layers=(0, 1, 2)))
+    assert torch.equal(outputs[0].logits, outputs[1].logits)
+    assert torch.equal(outputs[0].features, outputs[1].features)
