@@ -238,7 +238,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             key = f"{name}{suffix}"
             rows[key] = {"tok_s": round(run["tok_s"], 1), "tau": round(run["tau"], 3),
                          "same_as_ar": run["tokens"] == reference}
-            print(f"{key:>18}: {run['tok_s']:8.1f} tok/s  tau {run['tau']:.2f}", flush=True)
+            print(f"{key:>18}: {run['tok_s']:8.1f} tok/s  tau {run['tau']:.2f}  "
+                  f"=ar {rows[key]['same_as_ar']}", flush=True)
     rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
     print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s", flush=True)
     return rows
