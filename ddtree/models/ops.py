@@ -7,7 +7,9 @@ but a row's result depends on how many rows share the call). Attention, norms an
 QKV prologue are invariant by construction on both paths. `Backend.fused` folds the norm
 before the QKV and gate_up GEMMs and the SwiGLU before the down GEMM into those GEMMs
 (ddtree/kernels/fused_linear.py: same bits, three launches fewer per layer); it applies
-only to the invariant Triton GEMM, everything else runs the separate operations.
+only to the invariant Triton GEMM, everything else runs the separate operations. It is
+OFF by default: on the H200 it measured slower (ar 604 vs 763 tok/s, tree@32 971 vs 1,117
+at batch 1, docs/performance.md), the per-program norm statistics lengthening every GEMM.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Backend:
 
     kernels: bool = False
     invariant: bool = True
-    fused: bool = True
+    fused: bool = False
 
     @property
     def fuses_prologues(self) -> bool:
