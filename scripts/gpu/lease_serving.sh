@@ -15,7 +15,8 @@
 #   call 6  the new drafter's acceptance table and speed table, then the engine's
 #           concurrency curves (engine_bench.py --stages load); with SOAK=1 the soak's report
 # Every part prints its start time (seconds into the call) so the next lease can plan.
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6   (results under $OUT)
+#   call 7  the committed drafter's table, call 4's load benches again, the load curves
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6|7   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -87,6 +88,25 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   sleep 5
   TOTAL_SECONDS=530 timeout 575 bash scripts/gpu/lease_drafter.sh train 2>&1 | tail -40
   tail -3 /tmp/soak/log.txt
+  ;;
+7)
+  # The committed drafter's table (same stage, to compare), the continuous-load benches of
+  # call 4 again (after a change between calls), then the engine's concurrency curves.
+  mark table, committed drafter
+  mkdir -p "$OUT/old" && OUT="$OUT/old" DRAFTER=$D timeout 150 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -16
+  mark bench in process
+  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -7
+  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
+    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
+  S=$!
+  wait_healthy $S "$OUT/serve.log" || exit 3
+  mark bench url
+  load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url.txt" | tail -7
+  kill $S; wait $S 2>/dev/null
+  mark load curves
+  timeout 110 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -18
+  mark done
   ;;
 6)
   mark table
