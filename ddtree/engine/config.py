@@ -31,6 +31,8 @@ class EngineConfig:
     max_prefill_tokens: prompt tokens prefilled per step before the round runs;
     static_prefill: prefill in padded static shapes (ddtree/engine/prefill_graphs.py),
     replayed as CUDA graphs; None = exactly when rounds are captured (a GPU with graphs);
+    measure_policy: time every `auto` choice's round (graphs replayed on scratch rows) when
+    a batch bucket first carries auto rows; None = when rounds are captured (a GPU);
     pipeline: launch each round before reading the previous one (see Engine.step)."""
 
     max_num_seqs: int = 64
@@ -43,6 +45,7 @@ class EngineConfig:
     fused_prologues: bool = False
     max_prefill_tokens: int = 8192
     static_prefill: bool | None = None
+    measure_policy: bool | None = None
     pipeline: bool = True
 
     def __post_init__(self) -> None:

@@ -44,6 +44,8 @@ from ddtree.models.target import TargetModel
 from ddtree.stats import GenerationStats
 
 Output = tuple[str, RoundResult]
+# Replays timed per policy choice and batch bucket (`Engine._measure_policy`).
+POLICY_REPEATS = 5
 
 
 @dataclass
@@ -103,6 +105,9 @@ class Engine:
         self._buffers: dict[tuple[int, int], RoundBuffers] = {}
         self._eos = tuple(target.config.eos_token_ids)
         self.policy = BudgetPolicy(depth, config.max_budget) if drafting is not None else None
+        measure = (config.measure_policy if config.measure_policy is not None
+                   else self.graphs.enabled)
+        self._measures_policy = measure and isinstance(drafting, LocalDrafter)
         self._in_flight: InFlight | None = None
 
     # ------------------------------------------------------------ requests
@@ -204,8 +209,10 @@ class Engine:
         budget = self.config.max_prefill_tokens
         while self.waiting and self.slots.num_free and (budget > 0 or not admitted):
             row = self.waiting.popleft()
-            if row.auto and self.policy is not None and self.policy.prefers_ar(
-                    self.plan.batch_bucket(len(self.running) + len(admitted) + 1)):
+            bucket = self.plan.batch_bucket(len(self.running) + len(admitted) + 1)
+            if row.auto:
+                self._measure_policy(bucket)
+            if row.auto and self.policy is not None and self.policy.prefers_ar(bucket):
                 row.auto, row.drafting, row.num_nodes = False, False, 0
                 row.stats.mode = "ar"
             slot = self.slots.allocate()
@@ -249,6 +256,7 @@ class Engine:
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         auto = [row for row in rows if row.auto]
         if auto and self.policy is not None:
+            self._measure_policy(self.plan.batch_bucket(len(rows)))
             self._follow_policy(auto, self.plan.batch_bucket(len(rows)))
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
@@ -304,6 +312,36 @@ class Engine:
             if row.num_nodes != choice:
                 row.num_nodes = choice
                 self.state.set_tree_shape(row.slot, choice, choice == self.policy.depth)
+
+    def _measure_policy(self, batch: int) -> None:
+        """Times one round of every policy choice (ar too) at batch bucket `batch`, once:
+        its graphs captured and replayed on scratch rows, so the policy judges by measured
+        costs instead of exploring every tree size in traffic at every batch size."""
+        policy = self.policy
+        if not self._measures_policy or policy is None or policy.is_measured(batch):
+            return
+        for choice in (0, *policy.choices):
+            key = BucketKey(batch, self.plan.node_bucket(choice))
+            buffers = self._buffers_for(key)
+            buffers.rows.fill_(self.state.scratch)
+            buffers.last_slots = []  # the next real round sends its rows again
+            self._scratch_round(key, buffers)  # captures (once) and warms up
+            _sync(self.device)
+            started = time.perf_counter()
+            for _ in range(POLICY_REPEATS):
+                self._scratch_round(key, buffers)
+            _sync(self.device)
+            policy.measure(batch, choice, (time.perf_counter() - started) / POLICY_REPEATS)
+
+    def _scratch_round(self, key: BucketKey, buffers: RoundBuffers) -> None:
+        drafting = self.drafting
+        assert isinstance(drafting, LocalDrafter)
+        if key.num_nodes:
+            self._replay(("draft", key.batch, key.num_nodes), buffers,
+                         lambda: draft_into(self.state, drafting, buffers))
+        layers = self.feature_layers if key.num_nodes else ()
+        self._replay(("verify", key), buffers, lambda: verify_into(
+            self.state, self.target, self.pool, buffers, key, layers))
 
     def _stop_drafting(self, row: Row) -> None:
         """The row continues in ar for good (its trees are the root alone from now)."""
@@ -382,3 +420,8 @@ class Engine:
             if row.drafting and self.drafting is not None:
                 self.drafting.release(row.slot, row.request_id)
         row.slot = -1
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -10,6 +10,12 @@ choice is tried again, so estimates follow the traffic. `ar` (no tree) is a choi
 a row that stops drafting cannot resume (the drafter's context would miss rows), so `auto`
 rows go to ar only when ar beats the best tree by `AR_MARGIN`, and new `auto` rows are then
 admitted as ar. A per-request mode and budget always win: only `auto` rows follow this.
+
+Costs come from traffic (each round's wall time, per batch bucket and tree size) or, where
+the engine measured them (`measure`: the captured graphs of every choice replayed on scratch
+rows when a batch bucket first carries auto rows), from that measurement, which then stands:
+exploring is left to tau, which does not depend on the batch, so no tree size has to be
+tried at every batch size, and ar has a measured cost instead of the prior.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class BudgetPolicy:
     max_budget: int
     _tau: dict[int, _Average] = field(default_factory=dict)
     _cost: dict[tuple[int, int], _Average] = field(default_factory=dict)
+    _measured: dict[tuple[int, int], float] = field(default_factory=dict)
     _round: int = 0
 
     @property
@@ -57,40 +64,73 @@ class BudgetPolicy:
         trees = [n for n in TREE_SIZES if self.depth < n <= self.max_budget]
         return (self.depth, *trees)
 
+    def measure(self, batch: int, choice: int, seconds: float) -> None:
+        """A round of `choice` nodes (0: ar) at batch bucket `batch` costs `seconds`,
+        measured outside traffic; it stands in for that cost from now on."""
+        self._measured[(batch, choice)] = seconds
+
+    def is_measured(self, batch: int) -> bool:
+        return all((batch, c) in self._measured for c in (0, *self.choices))
+
     def choose(self, batch: int) -> int:
         """The tree size for this round's auto rows at batch bucket `batch` (never 0: see
         `prefers_ar`)."""
         self._round += 1
         for choice in self.choices:
-            cost = self._cost.get((batch, choice))
-            if cost is None or cost.count < MIN_SAMPLES:
+            if self._cost_of(batch, choice) is None:
                 return choice  # not measured enough at this batch size yet: try it
-        stale = min(self.choices, key=lambda c: self._cost[(batch, c)].last_round)
-        if self._round - self._cost[(batch, stale)].last_round > REEXPLORE_ROUNDS:
+        for choice in self.choices:
+            tau = self._tau.get(choice)
+            if tau is None or tau.count < MIN_SAMPLES:
+                return choice  # its acceptance is not known yet
+        stale = min(self.choices, key=lambda c: self._last_seen(batch, c))
+        if self._round - self._last_seen(batch, stale) > REEXPLORE_ROUNDS:
             return stale
         return max(self.choices, key=lambda c: self.throughput(batch, c))
 
+    def _cost_of(self, batch: int, choice: int) -> float | None:
+        measured = self._measured.get((batch, choice))
+        if measured is not None:
+            return measured
+        cost = self._cost.get((batch, choice))
+        return cost.value if cost is not None and cost.count >= MIN_SAMPLES else None
+
+    def _last_seen(self, batch: int, choice: int) -> int:
+        """When this choice was last run: its traffic cost at this batch size, or (with a
+        measured cost) its acceptance anywhere."""
+        if (batch, choice) in self._measured:
+            tau = self._tau.get(choice)
+            return tau.last_round if tau is not None else 0
+        return self._cost[(batch, choice)].last_round
+
     def throughput(self, batch: int, choice: int) -> float:
         """Expected tokens per second per row; 0 when unknown."""
-        cost = self._cost.get((batch, choice))
-        if cost is None or cost.value <= 0:
+        cost = self._latest_cost(batch, choice)
+        if cost is None or cost <= 0:
             return 0.0
         tau = self._tau[choice].value if choice in self._tau else 1.0
-        return tau / cost.value
+        return tau / cost
+
+    def _latest_cost(self, batch: int, choice: int) -> float | None:
+        """The measured cost, else the traffic average however few its samples."""
+        if (batch, choice) in self._measured:
+            return self._measured[(batch, choice)]
+        cost = self._cost.get((batch, choice))
+        return cost.value if cost is not None else None
 
     def prefers_ar(self, batch: int) -> bool:
         """Whether ar beats the best tree by AR_MARGIN at this batch bucket (judged once
-        every tree size was measured there)."""
-        measured = [self._cost.get((batch, c)) for c in self.choices]
-        if any(cost is None or cost.count < MIN_SAMPLES for cost in measured):
+        every tree size was measured there and its acceptance is known)."""
+        if any(self._cost_of(batch, c) is None for c in self.choices):
+            return False
+        if any(c not in self._tau or self._tau[c].count < MIN_SAMPLES for c in self.choices):
             return False
         best = max(self.throughput(batch, c) for c in self.choices)
-        ar = self._cost.get((batch, 0))
-        chain = self._cost.get((batch, self.depth))
-        if ar is not None and ar.value > 0:
-            ar_rate = 1.0 / ar.value
-        elif chain is not None and chain.value > 0:
-            ar_rate = 1.0 / (AR_COST_PRIOR * chain.value)
+        ar, chain = self._latest_cost(batch, 0), self._cost_of(batch, self.depth)
+        if ar is not None and ar > 0:
+            ar_rate = 1.0 / ar
+        elif chain is not None and chain > 0:
+            ar_rate = 1.0 / (AR_COST_PRIOR * chain)
         else:
             return False
         return ar_rate > AR_MARGIN * best

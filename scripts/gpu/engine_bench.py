@@ -118,7 +118,7 @@ def sequential(engine: Any, prompts: list[list[int]], spec: SpecParams,
 
 def stage_exact(args: argparse.Namespace, dtype: torch.dtype = torch.bfloat16,
                 names: tuple[str, ...] = ("ar", "linear", "tree@16", "tree@64", "shadow@16",
-                                          "shadow@64", "tree@15k8")) -> dict[str, Any]:
+                                          "shadow@64", "tree@15k8", "auto")) -> dict[str, Any]:
     target, drafter, tokenizer = load(args, dtype)
     prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=16, max_model_len=2048))

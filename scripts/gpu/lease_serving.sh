@@ -16,7 +16,8 @@
 #           concurrency curves (engine_bench.py --stages load); with SOAK=1 the soak's report
 # Every part prints its start time (seconds into the call) so the next lease can plan.
 #   call 7  the committed drafter's table, call 4's load benches again, the load curves
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6|7   (results under $OUT)
+#   call 8  (after 1-3 on a fresh machine) exact with `auto` and the load curves
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6|7|8   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -88,6 +89,19 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   sleep 5
   TOTAL_SECONDS=530 timeout 575 bash scripts/gpu/lease_drafter.sh train 2>&1 | tail -40
   tail -3 /tmp/soak/log.txt
+  ;;
+8)
+  # carry .carry/g4 on a machine staged by calls 1-3: the policy with measured costs (every
+  # mode against ar, `auto` included; the concurrency curves with `auto`)
+  cat /tmp/part0 /tmp/part1 /tmp/part2 .carry/g4/part3 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+  python3 -c "
+from pathlib import Path
+from ddtree.demo.pull import pull_smollm2
+print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
+  mark engine_bench exact,load
+  timeout 300 python3 scripts/gpu/engine_bench.py --stages exact,load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -40
+  mark done
   ;;
 7)
   # The committed drafter's table (same stage, to compare), the continuous-load benches of

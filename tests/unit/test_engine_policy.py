@@ -76,3 +76,55 @@ def test_auto_rows_stay_exact_and_a_useless_drafter_ends_in_ar(pair) -> None:
     assert tokens["auto0"] == reference and tokens["auto1"] == reference
     assert {7, 16, 32} <= {n for s in sizes for n in s}  # every size was tried
     assert [s for s in sizes if s][-1] == [0, 0]  # and it ended in ar
+
+
+def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cost() -> None:
+    policy = BudgetPolicy(depth=15, max_budget=64)
+    # Costs as the engine measures them (a round per choice, graphs on scratch rows):
+    # at batch 1 a tree pays, at batch 64 ar's round is far cheaper than any tree's.
+    for batch, costs in ((1, {0: 1.0, 15: 1.5, 16: 1.6, 32: 1.7, 64: 2.2}),
+                         (64, {0: 1.7, 15: 8.0, 16: 8.5, 32: 13.0, 64: 24.0})):
+        for choice, cost in costs.items():
+            policy.measure(batch, choice, cost)
+        assert policy.is_measured(batch)
+    tau = {15: 2, 16: 2, 32: 3, 64: 3}
+    picks = []
+    for _ in range(4 * MIN_SAMPLES):  # acceptance is explored once, at batch 1 ...
+        choice = policy.choose(1)
+        picks.append(choice)
+        policy.observe(1, choice, 9.9, [tau[choice]] * 2)  # traffic cost: ignored
+    assert set(picks) == {15, 16, 32, 64} and policy.choose(1) == 32  # 3.0 / 1.7 is best
+    assert policy.choose(64) == 15  # ... not again at batch 64, where the chain is best
+    assert not policy.prefers_ar(1)
+    assert policy.prefers_ar(64)  # measured: 1 / 1.7 against 2 / 8 per row
+    assert not policy.is_measured(8)
+
+
+def test_auto_rows_with_measured_costs_stay_exact_and_a_useless_drafter_ends_in_ar(
+        pair) -> None:
+    """The engine times every choice at each batch bucket it sees (eagerly on the CPU),
+    here while a row is decoding (the bucket grows from 1 to 4); tokens are the ar tokens
+    whatever the policy then picks, and the random drafter's rows end in ar."""
+    target, drafter = pair
+    prompt = [5, 6, 7, 8, 9]
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=4, max_model_len=160,
+                                                        max_budget=32, measure_policy=True))
+    tokens: dict[str, list[int]] = {f"auto{i}": [] for i in range(3)}
+    sizes = []
+    engine.add_request("auto0", GenerationRequest(prompt, 60, spec=SpecParams("auto"),
+                                                  ignore_eos=True))
+    for step in range(200):
+        if step == 6:  # joins a running row: bucket 4 is measured mid-traffic
+            for i in (1, 2):
+                engine.add_request(f"auto{i}", GenerationRequest(
+                    prompt, 60, spec=SpecParams("auto"), ignore_eos=True))
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+        sizes.append(sorted(row.num_nodes for row in engine.running.values()))
+        if not engine.has_work:
+            break
+    reference = [t for r, _ in generate(target, None, GenerationRequest(
+        prompt, 60, spec=SpecParams("ar"), ignore_eos=True)) for t in r.new_tokens]
+    assert all(t == reference for t in tokens.values())
+    assert engine.policy is not None and engine.policy.is_measured(4)
+    assert set([s for s in sizes if s][-1]) == {0}  # every row left ends in ar
