@@ -11,11 +11,13 @@ a row that stops drafting cannot resume (the drafter's context would miss rows),
 rows go to ar only when ar beats the best tree by `AR_MARGIN`, and new `auto` rows are then
 admitted as ar. A per-request mode and budget always win: only `auto` rows follow this.
 
-Costs come from traffic (each round's wall time, per batch bucket and tree size) or, where
+Costs come from traffic (each round's wall time, per batch bucket and tree size) and, where
 the engine measured them (`measure`: the captured graphs of every choice replayed on scratch
-rows when a batch bucket first carries auto rows), from that measurement, which then stands:
-exploring is left to tau, which does not depend on the batch, so no tree size has to be
-tried at every batch size, and ar has a measured cost instead of the prior.
+rows when a batch bucket first carries auto rows), from that measurement until traffic has
+MIN_SAMPLES rounds of a choice (traffic includes the host's work and real contexts, which
+the replay on empty scratch rows does not). So exploring is left to tau, which does not
+depend on the batch: no tree size has to be tried at every batch size, and ar (which auto
+rows never run) is judged by its measured cost instead of the prior.
 """
 
 from __future__ import annotations
@@ -89,11 +91,12 @@ class BudgetPolicy:
         return max(self.choices, key=lambda c: self.throughput(batch, c))
 
     def _cost_of(self, batch: int, choice: int) -> float | None:
-        measured = self._measured.get((batch, choice))
-        if measured is not None:
-            return measured
+        """Traffic's cost once it has MIN_SAMPLES rounds (it includes the host's work and
+        real contexts), else the measured one, else unknown."""
         cost = self._cost.get((batch, choice))
-        return cost.value if cost is not None and cost.count >= MIN_SAMPLES else None
+        if cost is not None and cost.count >= MIN_SAMPLES:
+            return cost.value
+        return self._measured.get((batch, choice))
 
     def _last_seen(self, batch: int, choice: int) -> int:
         """When this choice was last run: its traffic cost at this batch size, or (with a
@@ -112,9 +115,10 @@ class BudgetPolicy:
         return tau / cost
 
     def _latest_cost(self, batch: int, choice: int) -> float | None:
-        """The measured cost, else the traffic average however few its samples."""
-        if (batch, choice) in self._measured:
-            return self._measured[(batch, choice)]
+        """`_cost_of`, else the traffic average however few its samples."""
+        known = self._cost_of(batch, choice)
+        if known is not None:
+            return known
         cost = self._cost.get((batch, choice))
         return cost.value if cost is not None else None
 

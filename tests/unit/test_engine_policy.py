@@ -92,12 +92,21 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
     for _ in range(4 * MIN_SAMPLES):  # acceptance is explored once, at batch 1 ...
         choice = policy.choose(1)
         picks.append(choice)
-        policy.observe(1, choice, 9.9, [tau[choice]] * 2)  # traffic cost: ignored
-    assert set(picks) == {15, 16, 32, 64} and policy.choose(1) == 32  # 3.0 / 1.7 is best
-    assert policy.choose(64) == 15  # ... not again at batch 64, where the chain is best
+        policy.observe(1, choice, 1.6, [tau[choice]] * 2)
+    # ... traffic now costs every tree 1.6 at batch 1: 3 / 1.6 is best
+    assert set(picks) == {15, 16, 32, 64} and policy.choose(1) in (32, 64)
+    assert policy.choose(64) == 15  # not explored again at batch 64: the chain is best there
     assert not policy.prefers_ar(1)
     assert policy.prefers_ar(64)  # measured: 1 / 1.7 against 2 / 8 per row
     assert not policy.is_measured(8)
+    # Traffic overrides a measurement that was too kind to the trees (empty scratch rows).
+    for choice, cost in {0: 1.0, 15: 1.1, 16: 1.1, 32: 1.2, 64: 1.3}.items():
+        policy.measure(8, choice, cost)
+    assert not policy.prefers_ar(8)
+    for choice in policy.choices:
+        for _ in range(MIN_SAMPLES):
+            policy.observe(8, choice, 4.0, [tau[choice]])
+    assert policy.prefers_ar(8)  # 1 / 1.0 against 3 / 4.0
 
 
 def test_auto_rows_with_measured_costs_stay_exact_and_a_useless_drafter_ends_in_ar(
