@@ -62,6 +62,7 @@ class InFlight:
     logits: Tensor
     started: float
     captured: bool  # a graph was captured: the round's time measures the capture
+    measurements: int  # the engine's policy measurements at launch (one since: ditto)
 
 
 @dataclass
@@ -108,6 +109,7 @@ class Engine:
         measure = (config.measure_policy if config.measure_policy is not None
                    else self.graphs.enabled)
         self._measures_policy = measure and isinstance(drafting, LocalDrafter)
+        self._num_measurements = 0  # batch buckets measured for the policy so far
         self._in_flight: InFlight | None = None
 
     # ------------------------------------------------------------ requests
@@ -253,10 +255,12 @@ class Engine:
 
     def _launch(self, rows: list[Row]) -> InFlight:
         """Enqueues one round for `rows` and the copy of its output table to the host."""
-        started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         auto = [row for row in rows if row.auto]
         if auto and self.policy is not None:
             self._measure_policy(self.plan.batch_bucket(len(rows)))
+        started, num_graphs = time.perf_counter(), self.graphs.num_graphs
+        measurements = self._num_measurements
+        if auto and self.policy is not None:
             self._follow_policy(auto, self.plan.batch_bucket(len(rows)))
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
@@ -282,7 +286,7 @@ class Engine:
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
         return InFlight(rows, key, buffers.width, host, done, timer, verified.logits, started,
-                        self.graphs.num_graphs != num_graphs)
+                        self.graphs.num_graphs != num_graphs, measurements)
 
     def _complete(self, flight: InFlight) -> list[Output]:
         """Waits for a launched round and turns its output table into results."""
@@ -292,7 +296,8 @@ class Engine:
         auto = [row for row in flight.rows if row.auto]
         outputs = self._harvest(flight.rows, flight.host.tolist(), flight.logits, flight.width,
                                 stages)
-        if auto and self.policy is not None and not flight.captured:
+        measured = flight.measurements != self._num_measurements  # the wait measures that
+        if auto and self.policy is not None and not flight.captured and not measured:
             lengths = [row.num_pending for row in auto if row.auto]
             self.policy.observe(flight.key.batch, flight.key.num_nodes,
                                 time.perf_counter() - flight.started, lengths)
@@ -332,6 +337,7 @@ class Engine:
                 self._scratch_round(key, buffers)
             _sync(self.device)
             policy.measure(batch, choice, (time.perf_counter() - started) / POLICY_REPEATS)
+        self._num_measurements += 1
 
     def _scratch_round(self, key: BucketKey, buffers: RoundBuffers) -> None:
         drafting = self.drafting

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams, generate
+from ddtree.engine.core import POLICY_REPEATS
 from ddtree.engine.generate import build_engine
 from ddtree.engine.policy import MIN_SAMPLES, BudgetPolicy
 from ddtree.models.tiny import make_tiny_pair
@@ -120,6 +121,21 @@ def test_auto_rows_with_measured_costs_stay_exact_and_a_useless_drafter_ends_in_
                                                         max_budget=32, measure_policy=True))
     tokens: dict[str, list[int]] = {f"auto{i}": [] for i in range(3)}
     sizes = []
+    assert engine.policy is not None
+    measured: dict[int, float] = {}  # batch -> seconds its measurement took
+    observed: list[tuple[int, float]] = []
+    measure, observe = engine.policy.measure, engine.policy.observe
+
+    def record_measure(batch: int, choice: int, seconds: float) -> None:
+        measured[batch] = measured.get(batch, 0.0) + seconds * (POLICY_REPEATS + 1)
+        measure(batch, choice, seconds)
+
+    def record_observe(batch: int, num_nodes: int, seconds: float, lengths: list[int]) -> None:
+        observed.append((batch, seconds))
+        observe(batch, num_nodes, seconds, lengths)
+
+    engine.policy.measure = record_measure  # type: ignore[method-assign]
+    engine.policy.observe = record_observe  # type: ignore[method-assign]
     engine.add_request("auto0", GenerationRequest(prompt, 60, spec=SpecParams("auto"),
                                                   ignore_eos=True))
     for step in range(200):
@@ -135,5 +151,7 @@ def test_auto_rows_with_measured_costs_stay_exact_and_a_useless_drafter_ends_in_
     reference = [t for r, _ in generate(target, None, GenerationRequest(
         prompt, 60, spec=SpecParams("ar"), ignore_eos=True)) for t in r.new_tokens]
     assert all(t == reference for t in tokens.values())
-    assert engine.policy is not None and engine.policy.is_measured(4)
+    assert engine.policy.is_measured(4)
     assert set([s for s in sizes if s][-1]) == {0}  # every row left ends in ar
+    # No round whose wait spanned a measurement is taken as a traffic cost.
+    assert observed and max(seconds for _, seconds in observed) < max(measured.values()) / 2
