@@ -211,12 +211,6 @@ class Engine:
         budget = self.config.max_prefill_tokens
         while self.waiting and self.slots.num_free and (budget > 0 or not admitted):
             row = self.waiting.popleft()
-            bucket = self.plan.batch_bucket(len(self.running) + len(admitted) + 1)
-            if row.auto:
-                self._measure_policy(bucket)
-            if row.auto and self.policy is not None and self.policy.prefers_ar(bucket):
-                row.auto, row.drafting, row.num_nodes = False, False, 0
-                row.stats.mode = "ar"
             slot = self.slots.allocate()
             assert slot is not None
             row.slot = slot
@@ -224,6 +218,8 @@ class Engine:
             admitted.append(row)
         if not admitted:
             return []
+        self._admit_auto([row for row in admitted if row.auto],
+                         self.plan.batch_bucket(len(self.running) + len(admitted)))
         outputs = [(row.request_id, result) for row, result in
                    zip(admitted, self._prefill(admitted), strict=True)]
         for row in admitted:
@@ -232,6 +228,18 @@ class Engine:
             else:
                 self.running[row.request_id] = row
         return outputs
+
+    def _admit_auto(self, rows: list[Row], batch: int) -> None:
+        """New auto rows start as ar when the policy prefers ar at the batch bucket they
+        join (judged once for the step's whole admission: a row admitted first must not
+        pay for drafting context it drops in the first round)."""
+        if not rows or self.policy is None:
+            return
+        self._measure_policy(batch)
+        if self.policy.prefers_ar(batch):
+            for row in rows:
+                row.auto, row.drafting, row.num_nodes = False, False, 0
+                row.stats.mode = "ar"
 
     def _prefill(self, rows: list[Row]) -> list[RoundResult]:
         started = time.perf_counter()

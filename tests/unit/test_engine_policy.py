@@ -155,3 +155,26 @@ def test_auto_rows_with_measured_costs_stay_exact_and_a_useless_drafter_ends_in_
     assert set([s for s in sizes if s][-1]) == {0}  # every row left ends in ar
     # No round whose wait spanned a measurement is taken as a traffic cost.
     assert observed and max(seconds for _, seconds in observed) < max(measured.values()) / 2
+
+
+def test_auto_rows_admitted_together_start_as_ar_when_their_joint_bucket_prefers_ar(
+        pair) -> None:
+    """Judged at the bucket the step's admissions fill (4), not row by row (1, 2, 4): no row
+    pays for drafting context it would drop in the first round."""
+    target, drafter = pair
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=4, max_model_len=96,
+                                                        max_budget=32))
+    policy = engine.policy
+    assert policy is not None
+    for choice in policy.choices:  # alone, trees pay (tau 3 at cost 1) ...
+        for _ in range(MIN_SAMPLES):
+            policy.observe(1, choice, 1.0, [3])
+    for choice in (0, *policy.choices):  # ... at batch bucket 4 ar's round is 10x cheaper
+        policy.measure(4, choice, 1.0 if choice == 0 else 10.0)
+    prompt = [5, 6, 7, 8, 9]
+    for i in range(3):
+        engine.add_request(f"auto{i}", GenerationRequest(prompt, 8, spec=SpecParams("auto"),
+                                                         ignore_eos=True))
+    results = engine.step()
+    assert {request_id for request_id, _ in results} == {"auto0", "auto1", "auto2"}
+    assert all(not row.drafting and row.stats.mode == "ar" for row in engine.running.values())
