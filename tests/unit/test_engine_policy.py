@@ -171,10 +171,20 @@ def test_auto_rows_admitted_together_start_as_ar_when_their_joint_bucket_prefers
             policy.observe(1, choice, 1.0, [3])
     for choice in (0, *policy.choices):  # ... at batch bucket 4 ar's round is 10x cheaper
         policy.measure(4, choice, 1.0 if choice == 0 else 10.0)
+    started: list[str] = []  # rows whose drafting context was prefilled
+    assert engine.drafting is not None
+    start = engine.drafting.start
+
+    def record_start(slot: int, request_id: str, features: torch.Tensor) -> None:
+        started.append(request_id)
+        start(slot, request_id, features)
+
+    engine.drafting.start = record_start  # type: ignore[method-assign]
     prompt = [5, 6, 7, 8, 9]
     for i in range(3):
         engine.add_request(f"auto{i}", GenerationRequest(prompt, 8, spec=SpecParams("auto"),
                                                          ignore_eos=True))
     results = engine.step()
     assert {request_id for request_id, _ in results} == {"auto0", "auto1", "auto2"}
+    assert started == []
     assert all(not row.drafting and row.stats.mode == "ar" for row in engine.running.values())
