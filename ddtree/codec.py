@@ -44,6 +44,9 @@ _DTYPES: dict[tensor_pb2.DType, tuple[torch.dtype, str]] = {
     tensor_pb2.DTYPE_BOOL: (torch.bool, "|b1"),
 }
 _TORCH_TO_PB = {torch_dtype: pb for pb, (torch_dtype, _) in _DTYPES.items()}
+_NATIVE = {pb: np.dtype(np_dtype).newbyteorder("=") for pb, (_, np_dtype) in _DTYPES.items()}
+# numpy's dtypes with a wire dtype (bfloat16 has no numpy dtype, uint16 is not one).
+_NUMPY_TO_PB = {_NATIVE[pb]: pb for pb in _DTYPES if pb != tensor_pb2.DTYPE_BFLOAT16}
 
 _MODE_TO_PB: dict[str, common_pb2.Mode] = {
     "ar": common_pb2.MODE_AR,
@@ -58,16 +61,35 @@ _PB_TO_MODE: dict[int, str] = {int(pb): mode for mode, pb in _MODE_TO_PB.items()
 # ---------------------------------------------------------------------------- tensors
 
 
-def tensor_to_proto(tensor: Tensor) -> tensor_pb2.Tensor:
-    """Encodes any supported tensor (any device, any layout) as row-major LE bytes."""
+def tensor_to_proto(tensor: Tensor, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
+    """Encodes any supported tensor (any device, any layout) as row-major LE bytes; into
+    `out` (an empty Tensor message, e.g. a field of the message being built) when given,
+    which saves upb's copy of the bytes when a submessage is assigned."""
     if tensor.dtype not in _TORCH_TO_PB:
         raise InvalidArgumentError(f"cannot encode a tensor of dtype {tensor.dtype}")
-    pb_dtype = _TORCH_TO_PB[tensor.dtype]
     host = tensor.detach().to("cpu").contiguous()
     if host.dtype == torch.bfloat16:
         host = host.view(torch.uint16)
-    array = host.numpy().astype(_DTYPES[pb_dtype][1], copy=False)
-    return tensor_pb2.Tensor(dtype=pb_dtype, shape=list(host.shape), data=array.tobytes())
+    return _fill(out, _TORCH_TO_PB[tensor.dtype], host.numpy())
+
+
+def array_to_proto(array: np.ndarray, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
+    """A host int32 / int64 / float32 / float16 / bool array as a Tensor message (no torch
+    on the way: the host's small arrays, e.g. the drafter's trees); `out` as in
+    tensor_to_proto."""
+    pb_dtype = _NUMPY_TO_PB.get(array.dtype)
+    if pb_dtype is None:
+        raise InvalidArgumentError(f"cannot encode an array of dtype {array.dtype}")
+    return _fill(out, pb_dtype, array)
+
+
+def _fill(out: tensor_pb2.Tensor | None, pb_dtype: tensor_pb2.DType,
+          array: np.ndarray) -> tensor_pb2.Tensor:
+    msg = tensor_pb2.Tensor() if out is None else out
+    msg.dtype = pb_dtype
+    msg.shape.extend(array.shape)
+    msg.data = np.ascontiguousarray(array, dtype=_DTYPES[pb_dtype][1]).tobytes()
+    return msg
 
 
 def tensor_from_proto(
@@ -83,31 +105,55 @@ def tensor_from_proto(
     `what` names the field in error messages; `dtype` / `ndim` are the caller's
     expectations (checked before any byte is read). Raises `error` when malformed.
     """
+    array, torch_dtype = _decode(msg, what, dtype, ndim, error)
+    out = torch.from_numpy(array)
+    if torch_dtype == torch.bfloat16:
+        out = out.view(torch.bfloat16)
+    return out
+
+
+def array_from_proto(
+    msg: tensor_pb2.Tensor,
+    what: str,
+    *,
+    dtype: torch.dtype,
+    ndim: int,
+    error: type[InvalidArgumentError] = InvalidArgumentError,
+) -> np.ndarray:
+    """`tensor_from_proto` into a fresh, writable numpy array (native byte order), for
+    the host's small arrays; `dtype` (not bfloat16: numpy has none) is required."""
+    assert dtype != torch.bfloat16, "numpy has no bfloat16: use tensor_from_proto"
+    return _decode(msg, what, dtype, ndim, error)[0]
+
+
+def _decode(
+    msg: tensor_pb2.Tensor, what: str, dtype: torch.dtype | None, ndim: int | None,
+    error: type[InvalidArgumentError],
+) -> tuple[np.ndarray, torch.dtype]:
+    """The checks of a Tensor message, then its bytes as a shaped array (bfloat16 as its
+    uint16 bits) and the torch dtype they are."""
     if msg.dtype not in _DTYPES:
         raise error(f"{what}: unknown dtype {msg.dtype}")
     torch_dtype, np_dtype = _DTYPES[msg.dtype]
     if dtype is not None and torch_dtype != dtype:
         raise error(f"{what}: dtype must be {dtype}, got {torch_dtype}")
-    shape = tuple(int(d) for d in msg.shape)
+    shape = tuple(msg.shape)
     if ndim is not None and len(shape) != ndim:
         raise error(f"{what}: expected {ndim} dimensions, got shape {list(shape)}")
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise error(f"{what}: negative dimension in shape {list(shape)}")
-    if any(d > MAX_TENSOR_ELEMENTS for d in shape) or math.prod(shape) > MAX_TENSOR_ELEMENTS:
+    size = math.prod(shape)
+    if size > MAX_TENSOR_ELEMENTS or (shape and max(shape) > MAX_TENSOR_ELEMENTS):
         raise error(f"{what}: shape {list(shape)} exceeds {MAX_TENSOR_ELEMENTS} elements")
-    itemsize = np.dtype(np_dtype).itemsize
-    expected = math.prod(shape) * itemsize
-    if len(msg.data) != expected:
+    native = _NATIVE[msg.dtype]
+    data = msg.data
+    if len(data) != size * native.itemsize:
         raise error(
-            f"{what}: {len(msg.data)} bytes of data, expected {expected} for shape "
+            f"{what}: {len(data)} bytes of data, expected {size * native.itemsize} for shape "
             f"{list(shape)} of {torch_dtype}"
         )
     # astype to the native byte order copies once, which also makes the array writable.
-    array = np.frombuffer(msg.data, dtype=np_dtype).astype(np.dtype(np_dtype).newbyteorder("="))
-    out = torch.from_numpy(array)
-    if torch_dtype == torch.bfloat16:
-        out = out.view(torch.bfloat16)
-    return out.reshape(shape)
+    return np.frombuffer(data, dtype=np_dtype).astype(native).reshape(shape), torch_dtype
 
 
 # ---------------------------------------------------------------------------- trees
@@ -218,10 +264,13 @@ def spec_from_proto(
     return spec
 
 
-def spec_to_proto(spec: SpecParams) -> common_pb2.SpecParams:
-    return common_pb2.SpecParams(
-        mode=_MODE_TO_PB[spec.mode], budget=spec.budget, max_topk=spec.max_topk or 0
-    )
+def spec_to_proto(
+    spec: SpecParams, out: common_pb2.SpecParams | None = None
+) -> common_pb2.SpecParams:
+    """`out`: an empty SpecParams to write into (see tensor_to_proto)."""
+    msg = common_pb2.SpecParams() if out is None else out
+    msg.mode, msg.budget, msg.max_topk = _MODE_TO_PB[spec.mode], spec.budget, spec.max_topk or 0
+    return msg
 
 
 def stats_to_proto(stats: GenerationStats) -> common_pb2.SpecStats:

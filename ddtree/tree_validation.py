@@ -1,14 +1,18 @@
 """Checks of draft trees that come from outside (a Verify client, the drafter service):
-`validate_tree` names the first offending node of any malformed tree, `invalid_rows` every
-malformed row of a padded batch of trees (the drafter's reply to a round). Vectorised: one
-sort of (parent, token) keys finds twin siblings, pointer doubling finds depths."""
+`validate_tree` names the first offending node of any malformed tree, `invalid_rows` /
+`check_rows` every malformed row of a padded batch of trees (the drafter's reply to a
+round; a few array ops screen all rows, only the flagged ones are diagnosed node by node).
+Vectorised: one sort of (parent, token) keys finds twin siblings, pointer doubling finds
+depths."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import Tensor
 
 from ddtree.errors import TreeValidationError
@@ -37,24 +41,79 @@ def validate_tree(
         _fail_at(bad, label, message)
 
 
+@dataclass
+class CheckedRows:
+    """`check_rows`' verdict on a padded batch of trees (B, W): problems {row: why} of the
+    malformed rows; for every other row, real (B, W) its real nodes, parents (B, W) int64
+    with the padding under the root (parents[:, 0] = -1) and depth (B, W) int64 (the
+    padding at depth 1). Malformed rows' values of real / parents / depth are meaningless."""
+
+    problems: dict[int, str]
+    real: np.ndarray
+    parents: np.ndarray
+    depth: np.ndarray
+
+
 def invalid_rows(
-    tokens: Tensor, parents: Tensor, num_nodes: Tensor, vocab_size: int, max_depth: int,
+    tokens: ArrayLike, parents: ArrayLike, num_nodes: ArrayLike, vocab_size: int,
+    max_depth: int,
 ) -> dict[int, str]:
     """The rows of a batch of trees from outside that are malformed, with why.
 
-    tokens, parents: (B, W) int64 on the CPU; row b's tree is its first num_nodes[b] (B,)
-    nodes (1 <= num_nodes[b] <= W, the caller's check), the rest padding. The same checks
-    and words as `validate_tree`, for all rows at once: a row's first problem names its
-    first offending node; -> {row: problem} (empty when every tree is well formed)."""
-    tokens_np, parents_np = tokens.numpy(), parents.numpy()
-    real = np.arange(tokens_np.shape[1])[None, :] < num_nodes.numpy()[:, None]  # (B, W)
+    tokens, parents: (B, W) integers on the CPU (numpy or torch); row b's tree is its first
+    num_nodes[b] (B,) nodes (1 <= num_nodes[b] <= W, the caller's check), the rest padding.
+    The same checks and words as `validate_tree`, for all rows at once: a row's first
+    problem names its first offending node; -> {row: problem} (empty when every tree is
+    well formed)."""
+    return check_rows(tokens, parents, num_nodes, vocab_size, max_depth).problems
+
+
+def check_rows(
+    tokens: ArrayLike, parents: ArrayLike, num_nodes: ArrayLike, vocab_size: int,
+    max_depth: int,
+) -> CheckedRows:
+    """`invalid_rows` plus what a caller places the good rows with (their depths). Rows are
+    screened together with a few array ops; only the rows that fail the screen (rare: a
+    drafter never sends one) go through `_node_checks` for their diagnosis. The screen
+    flags exactly the rows `_node_checks` would: the same conditions, and twins found as
+    equal (parent, token) keys among the real nodes."""
+    tokens_np = np.asarray(tokens, dtype=np.int64)
+    parents_np = np.asarray(parents, dtype=np.int64)
+    index = np.arange(tokens_np.shape[1])
+    real = index < np.asarray(num_nodes)[:, None]  # (B, W)
+    safe_parents = np.where(real, parents_np, 0)  # the padding under the root
+    safe_parents[:, 0] = -1  # the root's own parent is checked on parents_np
+    misplaced = (safe_parents < 0) | (safe_parents >= index)  # real nodes only, root aside
+    misplaced[:, 0] = False
+    out_of_vocab = ((tokens_np < 0) | (tokens_np >= vocab_size)) & real
+    bad = (parents_np[:, 0] != -1) | (misplaced | out_of_vocab).any(axis=1)
+    safe_parents[misplaced] = 0
+    # Padding keys lie below every real key (a root's is token - vocab_size >= -vocab_size).
+    key = np.where(real, safe_parents * vocab_size + tokens_np, -vocab_size - 1 - index)
+    key.sort(axis=1)
+    bad |= (key[:, 1:] == key[:, :-1]).any(axis=1)
+    depth = host_depths(safe_parents, max_depth)
+    bad |= ((depth > max_depth) & real).any(axis=1)
     problems: dict[int, str] = {}
-    for bad, message in _node_checks(tokens_np, parents_np, real, vocab_size, max_depth):
+    if bad.any():
+        flagged = np.flatnonzero(bad)
+        found = _diagnose(tokens_np[flagged], parents_np[flagged], real[flagged], vocab_size,
+                          max_depth)
+        problems = {int(flagged[j]): problem for j, problem in found.items()}
+    return CheckedRows(problems, real, safe_parents, depth)
+
+
+def _diagnose(
+    tokens: np.ndarray, parents: np.ndarray, real: np.ndarray, vocab_size: int, max_depth: int,
+) -> dict[int, str]:
+    """{row: its first problem} of (B, W) rows, through every check in order."""
+    problems: dict[int, str] = {}
+    for bad, message in _node_checks(tokens, parents, real, vocab_size, max_depth):
         bad_rows = bad.any(axis=1)
         if not bad_rows.any():
             continue
         first = bad.argmax(axis=1)  # (B,) the first offending node of each row
-        for b in np.flatnonzero(bad_rows).tolist():  # failed rows only: rare
+        for b in np.flatnonzero(bad_rows).tolist():
             if b not in problems:
                 problems[b] = "tree: " + message(b, int(first[b]))
     return problems
@@ -108,15 +167,21 @@ def _earlier_twin(tokens: np.ndarray, parents: np.ndarray, vocab_size: int) -> n
     return twin
 
 
-def host_depths(parents: np.ndarray) -> np.ndarray:
+def host_depths(parents: np.ndarray, max_depth: int | None = None) -> np.ndarray:
     """(B, 1+N) depth of topologically ordered trees (ddtree.tree.depths_from_parents in
-    numpy): pointer doubling, ceil(log2(1+N)) rounds."""
-    rows = np.arange(parents.shape[0])[:, None]
-    depth = (parents >= 0).astype(np.int64)
-    hop = parents.clip(min=0)
-    for _ in range((parents.shape[1] - 1).bit_length()):
-        depth, hop = depth + depth[rows, hop], hop[rows, hop]
-    return depth
+    numpy): pointer doubling on the flattened batch (a flat gather costs less than a
+    (rows, hop) one). With `max_depth`, only the rounds that settle depths up to it: after
+    k rounds a node deeper than 2**k reads 2**k, so k = max_depth.bit_length() rounds
+    give every depth <= max_depth exactly and every deeper one as > max_depth."""
+    num_rows, width = parents.shape
+    num_rounds = (width - 1).bit_length()
+    if max_depth is not None:
+        num_rounds = min(num_rounds, max(max_depth, 0).bit_length())
+    depth = (parents >= 0).astype(np.int64).ravel()  # (B * (1+N),)
+    hop = (parents.clip(min=0) + width * np.arange(num_rows)[:, None]).ravel()
+    for _ in range(num_rounds):
+        depth, hop = depth + depth[hop], hop[hop]
+    return depth.reshape(num_rows, width)
 
 
 def _check_layout(tokens: Tensor, parents: Tensor, max_nodes: int) -> None:

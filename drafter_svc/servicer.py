@@ -17,7 +17,18 @@ from torch import Tensor
 
 from ddtree import codec, draft_codec
 from ddtree.draft_codec import DraftedTrees, DraftRound
-from ddtree.engine.draft_graphs import DraftInputs, GraphDrafter, segment_rows
+from ddtree.engine.draft_graphs import (
+    BONUS,
+    BUDGET,
+    COMMITTED,
+    FORCE_CHAIN,
+    MAX_TOPK,
+    NUM_PENDING,
+    SLOTS,
+    DraftInputs,
+    GraphDrafter,
+    segment_rows,
+)
 from ddtree.engine.request import MODE_RULES, SpecParams
 from ddtree.errors import DDTreeError, InvalidArgumentError, SessionNotFoundError
 from ddtree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
@@ -57,31 +68,35 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         log.info("draft_stream_open", peer=peer)
         try:
             for request in request_iterator:
-                self.sessions.release(request.release_sessions)
-                opened.difference_update(request.release_sessions)
+                if request.release_sessions:
+                    self.sessions.release(request.release_sessions)
+                    opened.difference_update(request.release_sessions)
                 reply = drafter_pb2.DraftResponse(round_id=request.round_id)
                 if request.items:
                     reply.results.extend(self._draft_items(list(request.items), opened))
                 if request.HasField("batch"):
-                    reply.trees.CopyFrom(self._draft_round(request.batch, opened))
+                    self._draft_round(request.batch, opened, reply.trees)
                 yield reply
         finally:
             self.sessions.release(opened)
             log.info("draft_stream_closed", peer=peer, num_released=len(opened))
 
-    def _draft_round(self, msg: drafter_pb2.DraftBatch, opened: set[str]) -> drafter_pb2.DraftTrees:
-        """A batch's trees; a malformed batch fails every row."""
+    def _draft_round(self, msg: drafter_pb2.DraftBatch, opened: set[str],
+                     out: drafter_pb2.DraftTrees) -> None:
+        """A batch's trees, written into `out` (the reply's); a malformed batch fails
+        every row."""
         try:
             batch = draft_codec.draft_round_from_proto(msg, self.feature_width)
         except InvalidArgumentError as exc:
             num_rows = len(msg.session_ids)
-            empty, zeros = torch.zeros(num_rows, 1, dtype=torch.long), np.zeros(num_rows, np.int64)
+            empty, zeros = np.zeros((num_rows, 1), np.int64), np.zeros(num_rows, np.int64)
             errors = dict.fromkeys(range(num_rows), _error(exc, ""))
-            return self._pack(DraftedTrees(empty, empty, zeros, zeros, errors))
-        return self._pack(self._draft(batch, opened, {}))
+            self._pack(DraftedTrees(empty, empty, zeros, zeros, errors), out)
+            return
+        self._pack(self._draft(batch, opened, {}), out)
 
-    def _pack(self, trees: DraftedTrees) -> drafter_pb2.DraftTrees:
-        return draft_codec.draft_trees_to_proto(trees)
+    def _pack(self, trees: DraftedTrees, out: drafter_pb2.DraftTrees) -> None:
+        draft_codec.draft_trees_to_proto(trees, out)
 
     def _draft_items(self, items: list[drafter_pb2.DraftItem],
                      opened: set[str]) -> list[drafter_pb2.DraftResult]:
@@ -133,7 +148,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         `failed` (and those that fail their checks here) get their error instead."""
         num_rows = len(batch.session_ids)
         _check_rows(batch, self.info.vocab_size, failed)
-        tokens = parents = torch.zeros(num_rows, 1, dtype=torch.long)
+        tokens = parents = np.zeros((num_rows, 1), dtype=np.int64)
         num_nodes = np.zeros(num_rows, dtype=np.int64)
         with self._model_lock:
             drafted = self._rows_of(batch, opened, failed)
@@ -143,16 +158,16 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 except Exception as exc:  # noqa: BLE001 - every row of the batch fails
                     failed.update((r, exc) for r, _, _ in drafted)
                 else:
-                    assert tree.valid is not None
+                    index = [r for r, _, _ in drafted]
                     tokens, parents = tree.tokens, tree.parents
                     if len(drafted) < num_rows:  # the failed rows' trees stay empty
-                        index = torch.tensor([r for r, _, _ in drafted])
-                        tokens = torch.zeros(num_rows, tree.tokens.shape[1], dtype=torch.long)
-                        parents = torch.zeros_like(tokens)
+                        tokens = np.zeros((num_rows, tree.tokens.shape[1]), dtype=np.int64)
+                        parents = np.zeros_like(tokens)
                         tokens[index], parents[index] = tree.tokens, tree.parents
-                    num_nodes[[r for r, _, _ in drafted]] = tree.valid.sum(dim=1).numpy()
-                    for r, row, _ in drafted:
-                        row.context_len = int(batch.committed_len[r])
+                    num_nodes[index] = tree.num_nodes
+                    for (_, row, _), committed in zip(
+                            drafted, batch.committed_len[index].tolist(), strict=True):
+                        row.context_len = committed
         errors = {r: _error(exc, batch.session_ids[r]) for r, exc in failed.items()}
         return DraftedTrees(tokens, parents, num_nodes, batch.committed_len, errors)
 
@@ -164,10 +179,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         drafted = []
         rows = self.sessions.lookup(batch.session_ids)
         starts = batch.feature_starts
-        for r, (session_id, row) in enumerate(zip(batch.session_ids, rows, strict=True)):
+        for r, (session_id, row, committed, num_new) in enumerate(zip(
+                batch.session_ids, rows, batch.committed_len.tolist(),
+                batch.num_features.tolist(), strict=True)):
             if r in failed:
                 continue
-            committed, num_new = int(batch.committed_len[r]), int(batch.num_features[r])
             try:
                 if session_id in opened or r not in batch.specs:
                     drafted.append((r, self._continuing(row, session_id, committed, num_new),
@@ -214,19 +230,24 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def _inputs(self, batch: DraftRound, drafted: list[tuple[int, DraftRow, bool]]) -> DraftInputs:
         """The drafted rows' ints (7, R') and their new features, one gather each."""
         index = np.array([r for r, _, _ in drafted], dtype=np.int64)
-        num_pending = np.where([new for _, _, new in drafted], 0, batch.num_features[index])
-        ints = np.stack([
-            [row.slot for _, row, _ in drafted], batch.committed_len[index], num_pending,
-            batch.bonus_token[index], [row.num_nodes for _, row, _ in drafted],
-            [row.force_chain for _, row, _ in drafted],
-            [row.spec.max_topk or 0 for _, row, _ in drafted]]).astype(np.int64)
-        rows = segment_rows(batch.feature_starts[index], num_pending)
-        return DraftInputs(torch.from_numpy(ints), batch.features[torch.from_numpy(rows)])
+        ints = np.empty((7, len(drafted)), dtype=np.int64)
+        ints[[SLOTS, BUDGET, FORCE_CHAIN, MAX_TOPK]] = np.array(
+            [(row.slot, row.num_nodes, row.force_chain, row.spec.max_topk or 0)
+             for _, row, _ in drafted], dtype=np.int64).T
+        ints[COMMITTED], ints[BONUS] = batch.committed_len[index], batch.bonus_token[index]
+        # A row that opens now has its features in its context already: nothing pending.
+        ints[NUM_PENDING] = np.where([new for _, _, new in drafted], 0, batch.num_features[index])
+        rows = segment_rows(batch.feature_starts[index], ints[NUM_PENDING])
+        if len(rows) == batch.features.shape[0]:  # every feature row, in order (the rule)
+            return DraftInputs(ints, batch.features)
+        return DraftInputs(ints, batch.features[torch.from_numpy(rows)])
 
 
 def _check_rows(batch: DraftRound, vocab_size: int, failed: dict[int, Exception]) -> None:
     """The checks of single rows that need no session, for all rows at once."""
     bonus, committed, num_new = batch.bonus_token, batch.committed_len, batch.num_features
+    if not ((bonus < 0) | (bonus >= vocab_size) | (committed < num_new)).any():
+        return  # the rule: one test for all rows, the loops below only name the bad ones
     for r in np.flatnonzero((bonus < 0) | (bonus >= vocab_size)).tolist():
         failed.setdefault(r, InvalidArgumentError(
             f"bonus_token {bonus[r]} out of [0, {vocab_size})"))

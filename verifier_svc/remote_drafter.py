@@ -26,7 +26,7 @@ from ddtree.engine.draft_graphs import segment_rows
 from ddtree.engine.round import RoundBuffers
 from ddtree.engine.rows import Row
 from ddtree.errors import TreeValidationError
-from ddtree.tree_validation import host_depths, invalid_rows
+from ddtree.tree_validation import CheckedRows, check_rows
 from ddtree.v1 import drafter_pb2
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
 
@@ -81,14 +81,13 @@ class RemoteDrafter:
         """Fills `buffers`' trees for `rows` (root alone for rows that do not draft)."""
         staging = self._staging_for(buffers)
         staging.wait()
-        host = staging.host  # (4, B, 1+N): tokens, parents, depth, valid
-        host.copy_(staging.default)
-        host[TOKENS, : len(rows), 0] = torch.tensor([row.bonus_token for row in rows])
+        np.copyto(staging.planes, staging.default)  # (4, B, 1+N): tokens, parents, depth, valid
+        staging.planes[TOKENS, : len(rows), 0] = [row.bonus_token for row in rows]
         drafting = [(i, row) for i, row in enumerate(rows) if row.drafting and row.num_nodes]
         if drafting:
-            batch, ordered = self._request(engine, drafting)
-            trees = self._exchange(batch, len(ordered))
-            self._place(ordered, trees, host, engine.target.config.vocab_size)
+            request, ordered = self._request(engine, drafting)
+            trees = self._exchange(request, len(ordered))
+            self._place(ordered, trees, staging.host, engine.target.config.vocab_size)
         staging.send(buffers)
 
     def _staging_for(self, buffers: RoundBuffers) -> _Staging:
@@ -99,10 +98,11 @@ class RemoteDrafter:
         return self._staging[shape]
 
     def _request(self, engine: Engine, drafting: list[tuple[int, Row]]
-                 ) -> tuple[drafter_pb2.DraftBatch, list[tuple[int, Row]]]:
-        """The round's DraftBatch: rows that start drafting (their prompt features) first,
-        then the continuing ones (their pending features, gathered in one index_select and
-        copied to the host once). -> (batch, the (batch index, row) of its rows in order)."""
+                 ) -> tuple[drafter_pb2.DraftRequest, list[tuple[int, Row]]]:
+        """The round's request, its DraftBatch built in place: rows that start drafting
+        (their prompt features) first, then the continuing ones (their pending features,
+        gathered in one index_select and copied to the host once). -> (request, the
+        (batch index, row) of its rows in order)."""
         new = [(i, row) for i, row in drafting if row.request_id in self._first_features]
         continuing = [(i, row) for i, row in drafting
                       if row.request_id not in self._first_features]
@@ -121,17 +121,20 @@ class RemoteDrafter:
         ordered = new + continuing
         specs = {j: row.request.spec for j, (_, row) in enumerate(ordered)
                  if row.request_id not in self._sent_spec}
-        self._sent_spec.update(row.request_id for _, row in ordered)
-        batch = draft_codec.draft_batch_to_proto(
+        if specs:
+            self._sent_spec.update(row.request_id for _, row in ordered)
+        request = drafter_pb2.DraftRequest()
+        draft_codec.draft_batch_to_proto(
             [row.request_id for _, row in ordered], [row.committed_len for _, row in ordered],
-            [row.bonus_token for _, row in ordered], features, num_features, specs)
-        return batch, ordered
+            [row.bonus_token for _, row in ordered], features, num_features, specs,
+            out=request.batch)
+        return request, ordered
 
-    def _exchange(self, batch: drafter_pb2.DraftBatch,
+    def _exchange(self, request: drafter_pb2.DraftRequest,
                   num_rows: int) -> drafter_pb2.DraftTrees | None:
         started = time.perf_counter()
         try:
-            trees = self.client.exchange(batch, self.deadline_s())
+            trees = self.client.exchange(request, self.deadline_s())
         except DrafterUnavailable as exc:
             log.warning("drafter_round_failed", reason=str(exc), num_rows=num_rows)
             return None
@@ -155,50 +158,59 @@ class RemoteDrafter:
             for row in rows:
                 self._stop_drafting(row, reason)
             return
-        problems = self.tree_problems(rows, trees, vocab_size, width - 1)
+        problems, checked = self._check(rows, trees, vocab_size, width - 1)
         for j, problem in sorted(problems.items()):
             self._stop_drafting(rows[j], problem)
-        good = np.setdiff1d(np.arange(len(rows)), list(problems))
-        if not len(good):
-            return
-        tokens, parents = trees.tokens.numpy()[good], trees.parents.numpy()[good]  # (G, W)
-        real = np.arange(tokens.shape[1])[None, :] < trees.num_nodes[good][:, None]
-        parents = np.where(real, parents, 0)  # padding under the root: depth 1
-        parents[:, 0] = -1
-        index = np.array([ordered[j][0] for j in good.tolist()])[:, None]  # (G, 1)
-        planes, tree_width = host.numpy(), tokens.shape[1]
-        for plane, values in ((TOKENS, np.where(real, tokens, 0)), (PARENTS, parents),
-                              (DEPTH, host_depths(parents)), (VALID, real)):
-            planes[plane, index, np.arange(tree_width)] = values
+        good: slice | np.ndarray = slice(None)  # every row, the rule
+        if problems:
+            good = np.setdiff1d(np.arange(len(rows)), list(problems))
+            if not len(good):
+                return
+        index = np.array([i for i, _ in ordered])[good]  # (G,) the rows' places in the batch
+        real = checked.real[good]  # (G, W)
+        host.numpy()[:, index, : real.shape[1]] = np.stack([  # (4, G, W)
+            np.where(real, trees.tokens[good], 0), checked.parents[good], checked.depth[good],
+            real])
 
     def tree_problems(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
                       max_nodes: int) -> dict[int, str]:
         """Why each bad row's tree cannot be verified (row index in the batch -> reason),
         in the order of the checks; vectorised over the rows."""
+        return self._check(rows, trees, vocab_size, max_nodes)[0]
+
+    def _check(self, rows: list[Row], trees: draft_codec.DraftedTrees, vocab_size: int,
+               max_nodes: int) -> tuple[dict[int, str], CheckedRows]:
+        """tree_problems, and check_rows' verdict (the good rows' parents and depths)."""
         problems: dict[int, str] = {}
         for j, (error, code) in trees.errors.items():
             problems[j] = f"drafter error {code}: {error}"
-        committed = np.array([row.committed_len for row in rows], dtype=np.int64)
-        for j in np.flatnonzero(trees.committed_len != committed).tolist():
+        committed, num_nodes, bonus = np.array(  # (3, R)
+            [(row.committed_len, row.num_nodes, row.bonus_token) for row in rows],
+            dtype=np.int64).reshape(-1, 3).T
+        stale = trees.committed_len != committed
+        limit = np.minimum(num_nodes, max_nodes) + 1  # the root too
+        too_big, missing = trees.num_nodes > limit, trees.num_nodes < 1
+        checked = check_rows(trees.tokens, trees.parents, np.maximum(trees.num_nodes, 1),
+                             vocab_size, self.block_size - 1)
+        roots = trees.tokens[:, 0]
+        wrong_root = roots != bonus
+        if not (problems or checked.problems or (stale | too_big | missing | wrong_root).any()):
+            return problems, checked  # every tree is good: the rule
+        for j in np.flatnonzero(stale).tolist():
             problems.setdefault(j, f"stale tree built on committed length "
                                    f"{trees.committed_len[j]}, the row is at {committed[j]}")
-        limit = np.minimum([row.num_nodes for row in rows], max_nodes) + 1  # the root too
-        for j in np.flatnonzero(trees.num_nodes > limit).tolist():
+        for j in np.flatnonzero(too_big).tolist():
             problems.setdefault(j, f"invalid tree from the drafter: tree: "
                                    f"{trees.num_nodes[j] - 1} nodes besides the root exceed "
                                    f"max_nodes {limit[j] - 1}")
-        for j in np.flatnonzero(trees.num_nodes < 1).tolist():
+        for j in np.flatnonzero(missing).tolist():
             problems.setdefault(j, "no draft result for this row")
-        size = torch.from_numpy(np.clip(trees.num_nodes, 1, None))
-        invalid = invalid_rows(trees.tokens, trees.parents, size, vocab_size,
-                               self.block_size - 1)
-        for j, problem in invalid.items():
+        for j, problem in checked.problems.items():
             problems.setdefault(j, f"invalid tree from the drafter: {problem}")
-        bonus, roots = np.array([row.bonus_token for row in rows]), trees.tokens[:, 0].numpy()
-        for j in np.flatnonzero(roots != bonus).tolist():
+        for j in np.flatnonzero(wrong_root).tolist():
             problems.setdefault(j, f"invalid tree from the drafter: tree root {roots[j]} is "
                                    f"not the bonus token {bonus[j]}")
-        return problems
+        return problems, checked
 
     def _stop_drafting(self, row: Row, reason: str) -> None:
         log.warning("drafter_fallback_ar", request_id=row.request_id, reason=reason)
@@ -209,23 +221,27 @@ class RemoteDrafter:
 
 class _Staging:
     """A round's trees on their way to RoundBuffers of one shape: host (4, B, 1+N) int64
-    (tokens, parents, depth, valid; pinned on a GPU) written by the host, sent with ONE
-    copy to the device and spread from there into the buffers, without a host sync.
-    `default` is every row's tree as the root alone (padding nodes depth 1)."""
+    (tokens, parents, depth, valid; pinned on a GPU) written by the host through `planes`
+    (its numpy view), sent with ONE copy to the device and spread from there into the
+    buffers, without a host sync (on the CPU the host copy is spread directly).
+    `default` (numpy) is every row's tree as the root alone (padding nodes depth 1)."""
 
     def __init__(self, batch: int, width: int, device: torch.device) -> None:
         pinned = device.type == "cuda"
-        self.default = torch.zeros(4, batch, width, dtype=torch.long)
+        self.default = np.zeros((4, batch, width), dtype=np.int64)
         self.default[PARENTS, :, 0] = -1
         self.default[DEPTH, :, 1:] = 1
         self.default[VALID, :, 0] = 1
         self.host = torch.zeros(4, batch, width, dtype=torch.long, pin_memory=pinned)
-        self.on_device = torch.zeros(4, batch, width, dtype=torch.long, device=device)
+        self.planes = self.host.numpy()
+        self.on_device = torch.zeros(4, batch, width, dtype=torch.long, device=device) if (
+            pinned) else self.host
         # The host copy is rewritten only after its last copy to the device finished.
         self.sent = torch.cuda.Event() if pinned else None
 
     def send(self, buffers: RoundBuffers) -> None:
-        self.on_device.copy_(self.host, non_blocking=True)
+        if self.on_device is not self.host:
+            self.on_device.copy_(self.host, non_blocking=True)
         for plane, buffer in ((TOKENS, buffers.tokens), (PARENTS, buffers.parents),
                               (DEPTH, buffers.depth), (VALID, buffers.valid)):
             buffer.copy_(self.on_device[plane])

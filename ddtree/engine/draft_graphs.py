@@ -28,19 +28,32 @@ class DraftInputs:
     """One batch of R rows on the host. ints: (7, R) int64, the rows above; pending:
     (sum num_pending, k*H) each row's features not yet in its context, row after row."""
 
-    ints: Tensor
+    ints: np.ndarray
     pending: Tensor
+
+
+@dataclass
+class ProposedTrees:
+    """The rows' trees on the host: tokens, parents (R, 1 + the node bucket) int64, row
+    r's real nodes its first num_nodes[r] (R,) (the rest padding)."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    num_nodes: np.ndarray
 
 
 class _Static:
     """The static tensors of one (batch, num_nodes) shape: ints (7, B) (their host
-    staging copy, pinned on a GPU) and pending (B, b, k*H)."""
+    staging copy, pinned on a GPU; on the CPU the same tensor) and pending (B, b, k*H).
+    host_view is host_ints as numpy, where the host writes it."""
 
     def __init__(self, batch: int, block: int, width: int, device: torch.device,
                  dtype: torch.dtype) -> None:
-        self.ints = torch.zeros(7, batch, dtype=torch.long, device=device)
-        self.host_ints = torch.zeros(7, batch, dtype=torch.long,
-                                     pin_memory=device.type == "cuda")
+        on_gpu = device.type == "cuda"
+        self.host_ints = torch.zeros(7, batch, dtype=torch.long, pin_memory=on_gpu)
+        self.host_view = self.host_ints.numpy()
+        self.ints = torch.zeros(7, batch, dtype=torch.long, device=device) if on_gpu else (
+            self.host_ints)
         self.pending = torch.zeros(batch, block, width, dtype=dtype, device=device)
 
 
@@ -62,22 +75,22 @@ class GraphDrafter:
         self._static: dict[tuple[int, int], _Static] = {}
 
     @torch.inference_mode()
-    def propose(self, inputs: DraftInputs) -> DraftTree:
-        """The rows' trees, (R, 1 + the node bucket) on the host, `valid` marking each
-        row's real nodes (a prefix of the row). One copy of the ints and one of the
-        features in, one copy of the trees out."""
+    def propose(self, inputs: DraftInputs) -> ProposedTrees:
+        """The rows' trees on the host. One copy of the ints and one of the features in,
+        one copy of the trees out."""
         num_rows = inputs.ints.shape[1]
         batch = next(b for b in self.batches if b >= num_rows)
         max_budget = int(inputs.ints[BUDGET].max())
         num_nodes = next(n for n in self.node_buckets if n >= max_budget)
         static = self._buffers(batch, num_nodes)
-        static.host_ints[:, :num_rows] = inputs.ints
-        static.host_ints[:, num_rows:] = 0
-        static.host_ints[SLOTS, num_rows:] = self.scratch  # padding rows
-        static.ints.copy_(static.host_ints, non_blocking=True)
+        static.host_view[:, :num_rows] = inputs.ints
+        static.host_view[:, num_rows:] = 0
+        static.host_view[SLOTS, num_rows:] = self.scratch  # padding rows
+        if static.ints is not static.host_ints:
+            static.ints.copy_(static.host_ints, non_blocking=True)
         static.pending.zero_()
         if inputs.pending.shape[0]:
-            counts = inputs.ints[NUM_PENDING].numpy()
+            counts = inputs.ints[NUM_PENDING]
             index = segment_rows(np.arange(num_rows) * self.drafter.block_size, counts)
             static.pending.view(-1, self.feature_width).index_copy_(  # (B * b, k*H)
                 0, torch.from_numpy(index).to(self.device, non_blocking=True),
@@ -91,8 +104,9 @@ class GraphDrafter:
             static.ints.copy_(real)
         tree: DraftTree = self.graphs.run(key, lambda: self._run(static, num_nodes))
         assert tree.valid is not None
-        host = torch.stack([tree.tokens, tree.parents, tree.valid.long()])[:, :num_rows].cpu()
-        return DraftTree(host[0], host[1], torch.zeros_like(host[0]), valid=host[2].bool())
+        host = torch.stack([tree.tokens, tree.parents, tree.valid.long()])[:, :num_rows]
+        tokens, parents, valid = host.cpu().numpy()  # (R, 1 + num_nodes) each
+        return ProposedTrees(tokens, parents, valid.sum(axis=1))
 
     def _run(self, static: _Static, num_nodes: int) -> DraftTree:
         slots, committed, num_pending, bonus, budget, force, topk = static.ints  # (B,) each
@@ -109,7 +123,9 @@ class GraphDrafter:
 
 def segment_rows(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """(sum counts,) int64: starts[r] + 0 .. counts[r] - 1, row after row (where each
-    row's segment of a packed row-after-row tensor lies); no loop over rows."""
-    offsets = np.cumsum(counts) - counts
-    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(offsets, counts)
-    return np.repeat(np.asarray(starts, dtype=np.int64), counts) + within
+    row's segment of a packed row-after-row tensor lies); no loop over rows. Element j of
+    row r's segment is start[r] + (j's place in the output - the segment's first place)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    ends = np.cumsum(counts)  # (R,) one past each segment's last place
+    shift = np.asarray(starts, dtype=np.int64) - (ends - counts)
+    return np.repeat(shift, counts) + np.arange(int(ends[-1]) if len(ends) else 0)

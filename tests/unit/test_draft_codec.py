@@ -1,6 +1,7 @@
 """The Draft stream's batched messages (wire version 2): a round's rows and trees
 round-trip through DraftBatch / DraftTrees, and malformed ones fail with a clear typed
-error before anything is trusted."""
+error before anything is trusted; segment_rows finds each row's features in the packed
+tensor."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from ddtree import draft_codec
 from ddtree.draft_codec import DraftedTrees
 from ddtree.engine import SpecParams
+from ddtree.engine.draft_graphs import segment_rows
 from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.v1 import drafter_pb2
 
@@ -61,8 +63,8 @@ def test_features_of_the_wrong_width_or_dtype_are_refused() -> None:
 
 
 def trees(num_nodes: list[int], width: int = 4) -> DraftedTrees:
-    tokens = torch.arange(len(num_nodes) * width).view(len(num_nodes), width)
-    parents = torch.arange(-1, width - 1).repeat(len(num_nodes), 1)
+    tokens = np.arange(len(num_nodes) * width).reshape(len(num_nodes), width)
+    parents = np.tile(np.arange(-1, width - 1), (len(num_nodes), 1))
     return DraftedTrees(tokens, parents, np.array(num_nodes), np.array([5] * len(num_nodes)),
                         {2: ("unknown session 'x'", "NOT_FOUND")} if len(num_nodes) > 2 else {})
 
@@ -72,8 +74,8 @@ def test_trees_round_trip_trimmed_to_the_largest_tree() -> None:
     msg = draft_codec.draft_trees_to_proto(sent)
     assert list(msg.tokens.shape) == [3, 3]  # W = max(num_nodes)
     got = draft_codec.draft_trees_from_proto(msg, num_rows=3, max_width=4)
-    assert torch.equal(got.tokens, sent.tokens[:, :3])
-    assert torch.equal(got.parents, sent.parents[:, :3])
+    assert np.array_equal(got.tokens, sent.tokens[:, :3])
+    assert np.array_equal(got.parents, sent.parents[:, :3])
     assert got.num_nodes.tolist() == [3, 2, 0] and got.committed_len.tolist() == [5, 5, 5]
     assert got.errors == {2: ("unknown session 'x'", "NOT_FOUND")}
 
@@ -91,3 +93,14 @@ def test_malformed_trees_are_tree_validation_errors() -> None:
     msg.errors.add(row=9, error="?", error_code="INTERNAL")
     with pytest.raises(TreeValidationError, match="error for row 9"):
         draft_codec.draft_trees_from_proto(msg, num_rows=2, max_width=4)
+
+
+def test_segment_rows_lists_each_rows_segment_in_row_order() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        num_rows = int(rng.integers(0, 6))
+        starts, counts = rng.integers(0, 50, num_rows), rng.integers(0, 5, num_rows)
+        expected = [s + j for s, c in zip(starts.tolist(), counts.tolist(), strict=True)
+                    for j in range(c)]
+        got = segment_rows(starts, counts)
+        assert got.dtype == np.int64 and got.tolist() == expected

@@ -44,10 +44,10 @@ def row(index: int, num_nodes: int = NODES) -> Row:
 def reply(trees: list[tuple[list[int], list[int]]], committed: list[int] | None = None,
           errors: dict[int, tuple[str, str]] | None = None) -> drafter_pb2.DraftTrees:
     width = max(len(t) for t, _ in trees)
-    tokens, parents = torch.zeros(len(trees), width, dtype=torch.long), torch.zeros(
-        len(trees), width, dtype=torch.long)
+    tokens, parents = np.zeros((len(trees), width), np.int64), np.zeros((len(trees), width),
+                                                                         np.int64)
     for b, (t, p) in enumerate(trees):
-        tokens[b, : len(t)], parents[b, : len(p)] = torch.tensor(t), torch.tensor(p)
+        tokens[b, : len(t)], parents[b, : len(p)] = t, p
     num_nodes = np.array([0 if errors and b in errors else len(t) for b, (t, _) in
                           enumerate(trees)])
     return draft_codec.draft_trees_to_proto(DraftedTrees(
@@ -57,8 +57,8 @@ def reply(trees: list[tuple[list[int], list[int]]], committed: list[int] | None 
 def place(drafter: RemoteDrafter, rows: list[Row], msg: drafter_pb2.DraftTrees | None
           ) -> torch.Tensor:
     staging = _Staging(len(rows), 1 + NODES, torch.device("cpu"))
-    staging.host.copy_(staging.default)
-    staging.host[TOKENS, :, 0] = 5
+    np.copyto(staging.planes, staging.default)
+    staging.planes[TOKENS, :, 0] = 5
     drafter._place(list(enumerate(rows)), msg, staging.host, VOCAB)
     return staging.host
 
@@ -111,3 +111,24 @@ def test_a_malformed_or_missing_reply_stops_every_row(drafter: RemoteDrafter) ->
     rows = [row(i) for i in range(2)]
     host = place(drafter, rows, None)  # the round's exchange failed
     assert not any(r.drafting for r in rows) and not host[VALID, :, 1:].any()
+
+
+def test_a_round_of_good_trees_lands_in_every_rows_place_with_its_depths(
+    drafter: RemoteDrafter,
+) -> None:
+    rows = [row(i) for i in range(3)]
+    chain, star = ([5, 1, 2, 3], [-1, 0, 1, 2]), ([5, 1, 2], [-1, 0, 0])
+    staging = _Staging(4, 1 + NODES, torch.device("cpu"))
+    np.copyto(staging.planes, staging.default)
+    staging.planes[TOKENS, :, 0] = 5
+    ordered = [(2, rows[0]), (0, rows[1]), (3, rows[2])]  # batch places out of order
+    drafter._place(ordered, reply([chain, star, (GOOD_TOKENS, GOOD_PARENTS)]), staging.host,
+                   VOCAB)
+    host = staging.host
+    assert all(r.drafting for r in rows)
+    assert host[TOKENS, 2].tolist() == [5, 1, 2, 3, 0]
+    assert host[DEPTH, 2].tolist() == [0, 1, 2, 3, 1]  # the chain; padding at depth 1
+    assert host[PARENTS, 0].tolist() == [-1, 0, 0, 0, 0]
+    assert host[VALID, 0].tolist() == [1, 1, 1, 0, 0]
+    assert host[DEPTH, 3].tolist() == [0, 1, 1, 2, 1]
+    assert host[:, 1, 0].tolist() == [5, -1, 0, 1] and not host[VALID, 1, 1:].any()  # no tree

@@ -19,7 +19,7 @@ from ddtree.tree import (
     build_tree,
     depths_from_parents,
 )
-from ddtree.tree_validation import invalid_rows, validate_tree
+from ddtree.tree_validation import check_rows, invalid_rows, validate_tree
 from tests.unit.heap_reference import heap_tree, ranked_tokens
 
 
@@ -402,3 +402,35 @@ def test_invalid_rows_checks_depth_and_accepts_good_batches() -> None:
     problems = invalid_rows(tokens, parents, num_nodes, vocab_size=8, max_depth=3)
     assert problems == {0: "tree: node 4 has depth 4 > max_depth 3"}
     assert invalid_rows(tokens, parents, num_nodes, vocab_size=8, max_depth=5) == {}
+
+
+def test_invalid_rows_agrees_with_validate_tree_on_random_batches() -> None:
+    """The batched screen flags exactly the rows validate_tree refuses, with its words, and
+    gives the good rows' depths (padding at depth 1)."""
+    gen = np.random.default_rng(0)
+    for trial in range(200):
+        num_rows, width, vocab = int(gen.integers(1, 9)), int(gen.integers(1, 12)), 6
+        tokens = gen.integers(-2, vocab + 2, (num_rows, width))  # junk padding
+        parents = gen.integers(-2, width + 2, (num_rows, width))
+        num_nodes = gen.integers(1, width + 1, num_rows)
+        for b in range(num_rows):
+            if gen.random() < 0.6:  # a well-formed tree, maybe with one flaw
+                parents[b, 0] = -1
+                for i in range(1, num_nodes[b]):
+                    parents[b, i] = gen.integers(0, i)
+                    tokens[b, i] = gen.integers(0, vocab)
+                tokens[b, 0] = gen.integers(0, vocab)
+        max_depth = int(gen.integers(1, 5))
+        checked = check_rows(tokens, parents, num_nodes, vocab, max_depth)
+        for b in range(num_rows):
+            n = int(num_nodes[b])
+            try:
+                validate_tree(torch.tensor(tokens[b, :n]), torch.tensor(parents[b, :n]), vocab,
+                              width, max_depth)
+            except TreeValidationError as exc:
+                assert checked.problems.get(b) == str(exc), (trial, b)
+                continue
+            assert b not in checked.problems, (trial, b)
+            depth = depths_from_parents(torch.tensor(parents[b, :n])).tolist()
+            assert checked.depth[b].tolist() == depth + [1] * (width - n), (trial, b)
+            assert checked.real[b].tolist() == [True] * n + [False] * (width - n)
