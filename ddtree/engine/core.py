@@ -264,12 +264,13 @@ class Engine:
     def _launch(self, rows: list[Row]) -> InFlight:
         """Enqueues one round for `rows` and the copy of its output table to the host."""
         auto = [row for row in rows if row.auto]
-        if auto and self.policy is not None:
-            self._measure_policy(self.plan.batch_bucket(len(rows)))
+        batch = self.plan.batch_bucket(len(rows))
+        if auto:
+            self._measure_policy(batch)  # before the clock: not part of this round's cost
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         measurements = self._num_measurements
         if auto and self.policy is not None:
-            self._follow_policy(auto, self.plan.batch_bucket(len(rows)))
+            self._follow_policy(auto, batch)
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
         slots = [row.slot for row in rows] + [self.state.scratch] * (key.batch - len(rows))

@@ -44,8 +44,11 @@ class _Average:
     last_round: int = 0
 
     def add(self, x: float, round_index: int) -> None:
-        self.value = x if self.count == 0 else (1 - EMA_WEIGHT) * self.value + EMA_WEIGHT * x
+        """The plain mean while there are few samples (a slow first round at a new shape
+        weighs 1/n, not 90% for tens of rounds), then the moving average."""
         self.count += 1
+        weight = max(EMA_WEIGHT, 1.0 / self.count)
+        self.value = (1 - weight) * self.value + weight * x
         self.last_round = round_index
 
 

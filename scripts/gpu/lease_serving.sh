@@ -44,6 +44,25 @@ load_bench() {  # extra bench arguments...
     --max-tokens 256 --no-progress
 }
 
+stage_target() {  # the GGUF from its quarters (parts 0-2 parked in /tmp) -> the HF checkpoint $T
+  cat /tmp/part0 /tmp/part1 /tmp/part2 .carry/g4/part3 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+  python3 -c "
+from pathlib import Path
+from ddtree.demo.pull import pull_smollm2
+print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
+}
+
+serve_bench() {  # `ddtree serve`, then load_bench through it, its metrics, and stop it
+  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
+    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
+  local S=$!
+  wait_healthy $S "$OUT/serve.log" || return 3
+  mark bench url
+  load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url.txt" | tail -7
+  curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics.txt"
+  kill $S; wait $S 2>/dev/null
+}
+
 case "${1:?call number}" in
 1|2|3)
   cp .carry/g$1/part* /tmp/
@@ -54,11 +73,7 @@ case "${1:?call number}" in
   fi
   ;;
 4)
-  cat /tmp/part0 /tmp/part1 /tmp/part2 .carry/g4/part3 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 -c "
-from pathlib import Path
-from ddtree.demo.pull import pull_smollm2
-print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
+  stage_target
   mark engine_bench
   timeout 250 python3 scripts/gpu/engine_bench.py --stages exact,speed,profile --target $T \
     --humaneval $H 2>&1 | tee "$OUT/engine.txt" | grep -v " c[18]: =6/6"
@@ -66,14 +81,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   mark bench in process
   load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -7
   mark serve
-  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
-  S=$!
-  wait_healthy $S "$OUT/serve.log" || exit 3
-  mark bench url
-  load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url.txt" | tail -7
-  curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics.txt"
-  kill $S; wait $S 2>/dev/null
+  serve_bench || exit 3
   mark done
   ;;
 5)
@@ -93,11 +101,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
 8)
   # carry .carry/g4 on a machine staged by calls 1-3: the policy with measured costs (every
   # mode against ar, `auto` included; the concurrency curves with `auto`)
-  cat /tmp/part0 /tmp/part1 /tmp/part2 .carry/g4/part3 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 -c "
-from pathlib import Path
-from ddtree.demo.pull import pull_smollm2
-print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
+  stage_target
   mark engine_bench exact,load
   timeout 300 python3 scripts/gpu/engine_bench.py --stages exact,load --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -40
@@ -110,13 +114,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
   mkdir -p "$OUT/old" && OUT="$OUT/old" DRAFTER=$D timeout 150 bash scripts/gpu/lease_drafter.sh table 2>&1 | tail -16
   mark bench in process
   load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -7
-  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
-  S=$!
-  wait_healthy $S "$OUT/serve.log" || exit 3
-  mark bench url
-  load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url.txt" | tail -7
-  kill $S; wait $S 2>/dev/null
+  serve_bench || exit 3
   mark load curves
   timeout 110 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -18

@@ -188,3 +188,10 @@ def test_auto_rows_admitted_together_start_as_ar_when_their_joint_bucket_prefers
     assert {request_id for request_id, _ in results} == {"auto0", "auto1", "auto2"}
     assert started == []
     assert all(not row.drafting and row.stats.mode == "ar" for row in engine.running.values())
+
+
+def test_a_slow_first_round_weighs_as_one_sample_among_the_first_few() -> None:
+    policy = BudgetPolicy(depth=7, max_budget=16)
+    for seconds in (4.0, 1.0, 1.0, 1.0):  # a new shape's first round pays one-time costs
+        policy.observe(2, 7, seconds, [1])
+    assert policy.throughput(2, 7) == pytest.approx(1 / 1.75)  # the mean, not ~3.2
