@@ -97,6 +97,25 @@ def configure_logging(level: str = "info") -> None:
     )
 
 
+# The GIL switch interval of the service processes (seconds; Python's default is 0.005).
+# A thread that wakes from a blocking call (the engine thread when the drafter's trees
+# arrive, a stream's writer when a round's tokens do) waits for the GIL up to this long
+# while another thread runs Python: once per handoff, several times per round.
+GIL_SWITCH_INTERVAL_ENV = "DDTREE_GIL_SWITCH_INTERVAL_S"
+DEFAULT_GIL_SWITCH_INTERVAL_S = 0.005
+
+
+def configure_threads(environ: Mapping[str, str]) -> float:
+    """Sets the process's GIL switch interval from DDTREE_GIL_SWITCH_INTERVAL_S (or the
+    default); -> the interval set. Raises ValueError for a value that is not > 0."""
+    raw = environ.get(GIL_SWITCH_INTERVAL_ENV, "").strip()
+    interval = float(raw) if raw else DEFAULT_GIL_SWITCH_INTERVAL_S
+    if not interval > 0:
+        raise ValueError(f"{GIL_SWITCH_INTERVAL_ENV} must be > 0 seconds, got {raw!r}")
+    sys.setswitchinterval(interval)
+    return interval
+
+
 def serve_until_signalled(server: grpc.Server, name: str, grace_s: float) -> None:
     """Blocks until SIGINT / SIGTERM, then stops `server`, giving in-flight RPCs `grace_s`."""
     stop = threading.Event()

@@ -8,7 +8,7 @@ import sys
 
 import uvicorn
 
-from ddtree.service import configure_logging
+from ddtree.service import configure_logging, configure_threads
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.limits import with_header_timeout
@@ -21,6 +21,7 @@ SHUTDOWN_GRACE_S = 10
 def main() -> int:
     config = parse_config(sys.argv[1:], os.environ)
     configure_logging(config.log_level)
+    configure_threads(os.environ)
     client = VerifierClient.from_config(config)
     app = create_app(config, client)
     uvicorn.run(

@@ -29,6 +29,7 @@ import cProfile
 import functools
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -48,6 +49,7 @@ from ddtree.engine import core as engine_core
 from ddtree.engine.draft_graphs import GraphDrafter
 from ddtree.models.target import load_target
 from ddtree.models.tiny import make_tiny_pair
+from ddtree.service import configure_threads
 from drafter_svc.config import DrafterServiceConfig
 from drafter_svc.server import build_server
 from drafter_svc.servicer import DrafterServicer
@@ -117,10 +119,11 @@ def split(s: dict[str, float]) -> dict[str, float]:
 
 
 @contextmanager
-def drafter_service(pair: Path, max_sessions: int) -> Iterator[int]:
+def drafter_service(target: Path, drafter: Path, max_sessions: int,
+                    args: argparse.Namespace) -> Iterator[int]:
     config = DrafterServiceConfig(
-        drafter=str(pair / "drafter"), target=str(pair / "target"), host="127.0.0.1", port=0,
-        device="cpu", dtype="float32", max_sessions=max_sessions, log_level="warning")
+        drafter=str(drafter), target=str(target), host="127.0.0.1", port=0,
+        device=args.device, dtype=args.dtype, max_sessions=max_sessions, log_level="warning")
     server, port = build_server(config)
     try:
         yield port
@@ -128,10 +131,11 @@ def drafter_service(pair: Path, max_sessions: int) -> Iterator[int]:
         server.stop(None)
 
 
-def run_rows(pair: Path, port: int, num_rows: int, args: argparse.Namespace,
+def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespace,
              timers: Timers) -> dict[str, Any]:
     """One engine with `num_rows` generations; -> per-round medians (ms) and counts."""
-    target = load_target(pair / "target", torch.device("cpu"), torch.float32).eval()
+    target = load_target(target_dir, torch.device(args.device),
+                         getattr(torch, args.dtype)).eval()
     client = DrafterClient(f"127.0.0.1:{port}", 20.0, 20.0, target.config)
     client.connect(wait=True)
     assert client.info is not None, "the drafter service did not answer"
@@ -189,12 +193,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--mode", default="tree")
     parser.add_argument("--budget", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    parser.add_argument("--target", type=Path, default=None, help="a target folder "
+                        "(with --drafter; default: --pair's target/)")
+    parser.add_argument("--drafter", type=Path, default=None)
     parser.add_argument("--pair", type=Path, default=None,
                         help="a pair folder (target/, drafter/); default: a fresh tiny pair")
     parser.add_argument("--cprofile", action="store_true", help="print cProfile's top functions")
     parser.add_argument("--cprofile-top", type=int, default=25)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    configure_threads(os.environ)  # DDTREE_GIL_SWITCH_INTERVAL_S, as the services do
     all_rows = [int(r) for r in args.rows.split(",")]
     timers = Timers()
     for owner, name, label in STAGES:
@@ -202,14 +212,17 @@ def main(argv: list[str]) -> int:
     timers.wrap(engine_core, "verify_into", "e.verify")
     with tempfile.TemporaryDirectory() as tmp:
         pair = args.pair or Path(tmp)
-        if args.pair is None:
+        if args.pair is None and args.target is None:
             make_tiny_pair(pair)
+        target_dir = args.target or pair / "target"
+        drafter_dir = args.drafter or pair / "drafter"
         results = []
-        with drafter_service(pair, max(all_rows)) as port:
+        with drafter_service(target_dir, drafter_dir, max(all_rows), args) as port:
             for num_rows in all_rows:
-                results.append(run_rows(pair, port, num_rows, args, timers))
+                results.append(run_rows(target_dir, port, num_rows, args, timers))
     print(f"per-round medians in ms over {args.rounds} rounds ({args.mode}@{args.budget}, "
-          f"CPU, {torch.get_num_threads()} torch threads, ddtree from "
+          f"{args.device} {args.dtype}, {torch.get_num_threads()} torch threads, "
+          f"GIL switch {sys.getswitchinterval() * 1e3:g} ms, ddtree from "
           f"{Path(ddtree.__file__).parent})")
     print("rows  " + "  ".join(f"{name:>15}" for name in REPORTED))
     for r in results:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ddtree.service import configure_logging, serve_until_signalled
+from ddtree.service import configure_logging, configure_threads, serve_until_signalled
 from verifier_svc.config import parse_config
 from verifier_svc.server import build_server
 
@@ -20,6 +20,7 @@ def main() -> int:
     # fabric and a group fails to start when NCCL picks it there (followers inherit this).
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     configure_logging(config.log_level)
+    configure_threads(os.environ)
     server, _ = build_server(config)
     serve_until_signalled(server, "verifier_svc", SHUTDOWN_GRACE_S)
     return 0

@@ -33,7 +33,9 @@ class EngineConfig:
     replayed as CUDA graphs; None = exactly when rounds are captured (a GPU with graphs);
     measure_policy: time every `auto` choice's round (graphs replayed on scratch rows) when
     a batch bucket first carries auto rows; None = when rounds are captured (a GPU);
-    pipeline: launch each round before reading the previous one (see Engine.step)."""
+    pipeline: launch each round before reading the previous one (see Engine.step);
+    fast_ar: greedy rounds of ar rows only skip the one-node tree walk and the compaction
+    (`round._verify_greedy_ar`; same tokens and pool; off = the generic walk)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -47,6 +49,7 @@ class EngineConfig:
     static_prefill: bool | None = None
     measure_policy: bool | None = None
     pipeline: bool = True
+    fast_ar: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

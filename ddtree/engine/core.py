@@ -283,7 +283,8 @@ class Engine:
         timer.mark()
         layers = self.feature_layers if key.num_nodes else ()
         verified = self._replay(("verify", key), buffers, lambda: verify_into(
-            self.state, self.target, self.pool, buffers, key, layers))
+            self.state, self.target, self.pool, buffers, key, layers,
+            fast_ar=self.config.fast_ar))
         timer.mark()
         host = buffers.next_host_out()
         host.copy_(buffers.out, non_blocking=True)  # the round's one device-to-host copy
@@ -356,7 +357,8 @@ class Engine:
                          lambda: draft_into(self.state, drafting, buffers))
         layers = self.feature_layers if key.num_nodes else ()
         self._replay(("verify", key), buffers, lambda: verify_into(
-            self.state, self.target, self.pool, buffers, key, layers))
+            self.state, self.target, self.pool, buffers, key, layers,
+            fast_ar=self.config.fast_ar))
 
     def _stop_drafting(self, row: Row) -> None:
         """The row continues in ar for good (its trees are the root alone from now)."""

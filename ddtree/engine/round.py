@@ -35,7 +35,7 @@ from ddtree.engine.state import (
     SlotState,
 )
 from ddtree.models.kv_pool import KVPool
-from ddtree.models.meta import tree_meta
+from ddtree.models.meta import AttentionMeta, tree_meta
 from ddtree.models.target import TargetModel
 from ddtree.tree import DraftTree, ancestor_chains
 
@@ -111,10 +111,14 @@ class VerifyOutput:
 
 def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: RoundBuffers,
                 key: BucketKey, feature_layers: Sequence[int],
-                keep_pending: bool = True) -> VerifyOutput:
+                keep_pending: bool = True, fast_ar: bool = True) -> VerifyOutput:
     """The verify half: one target forward over every row's tree, walk, commit; fills
     `buffers.out`. With `keep_pending` the path's features become each row's pending
-    drafter context (`state.pending`, which is b rows wide)."""
+    drafter context (`state.pending`, which is b rows wide). A greedy round of ar rows
+    only takes `_verify_greedy_ar` (same tokens and pool; `fast_ar=False` walks it as
+    one-node trees, which the tests compare it with)."""
+    if key.num_nodes == 0 and not key.sampled and fast_ar:
+        return _verify_greedy_ar(state, target, pool, buffers)
     rows = buffers.rows
     committed = state.column(rows, COMMITTED)  # (B,)
     bonus = state.column(rows, BONUS)
@@ -148,3 +152,27 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     buffers.out.copy_(torch.cat([accepted[:, None], walked.next_token[:, None],
                                  tree.tokens.gather(1, walked.path), walked.path], dim=1))
     return VerifyOutput(logits, path_features)
+
+
+def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
+                      buffers: RoundBuffers) -> VerifyOutput:
+    """An ar round at T = 0 (every row's tree is its root alone): the walk of a one-node
+    tree is the argmax of the row's logits, the root's K/V already sit at slot
+    `committed` (nothing to compact), so the round is the forward, one argmax and two
+    writes - the same attention description, tokens, pool and output table as the
+    generic path, in ~40 fewer kernels."""
+    rows = buffers.rows
+    committed = state.column(rows, COMMITTED)  # (B,)
+    bonus = state.column(rows, BONUS)
+    ones = torch.ones_like(committed)
+    # tree_meta of a root alone: the committed prefix, then the root itself as a tree key.
+    meta = AttentionMeta(
+        positions=committed, write_slot=rows, write_pos=committed, query_slot=rows,
+        prefix_len=committed, tree_base=committed, tree_keys=torch.zeros_like(committed)[:, None],
+        num_tree_keys=ones, max_kv_len=pool.max_len)
+    logits = target(bonus, meta, pool).logits  # (B, V)
+    next_token = logits.argmax(dim=-1)
+    state.ints[rows, COMMITTED: BONUS + 1] = torch.stack([committed + 1, next_token], dim=1)
+    state.reset_scratch()
+    buffers.out.copy_(torch.stack([ones, next_token, bonus, ones - 1], dim=1))
+    return VerifyOutput(logits[:, None], None)

@@ -17,6 +17,9 @@
 # Every part prints its start time (seconds into the call) so the next lease can plan.
 #   call 7  the committed drafter's table, call 4's load benches again, the load curves
 #   call 8  (after 1-3 on a fresh machine) exact with `auto` and the load curves
+#   call 9  (fourth session, carry .carry/g4) ar's short round against the generic walk, the
+#           remote drafter's round split on the GPU and `ddtree serve` at two GIL switch
+#           intervals (DDTREE_GIL_SWITCH_INTERVAL_S)
 # Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6|7|8   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
@@ -40,8 +43,8 @@ load_bench() {  # extra bench arguments...
   # 40 requests per run (the first 40 HumanEval problems), 256 tokens, 2 repeats: at c8 a
   # finished request's row is refilled at once (continuous load, as a serving bench runs).
   timeout 280 python3 -m ddtree.cli bench "$@" --prompts humaneval --num-prompts 40 \
-    --num-requests 40 --modes ar,tree --budgets 32 --concurrency 1,8 --repeats 2 \
-    --max-tokens 256 --no-progress
+    --num-requests 40 --modes "${MODES:-ar,tree}" --budgets 32 --concurrency 1,8 \
+    --repeats "${REPEATS:-2}" --max-tokens 256 --no-progress
 }
 
 stage_target() {  # the GGUF from its quarters (parts 0-2 parked in /tmp) -> the HF checkpoint $T
@@ -52,15 +55,21 @@ from ddtree.demo.pull import pull_smollm2
 print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
 }
 
-serve_bench() {  # `ddtree serve`, then load_bench through it, its metrics, and stop it
+serve_bench() {  # [tag]: `ddtree serve`, then load_bench through it, its metrics, and stop it
+  local tag=${1:-}
   python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
+    --dtype bfloat16 >"$OUT/serve$tag.log" 2>&1 &
   local S=$!
-  wait_healthy $S "$OUT/serve.log" || return 3
-  mark bench url
-  load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url.txt" | tail -7
-  curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics.txt"
+  wait_healthy $S "$OUT/serve$tag.log" || return 3
+  mark bench url $tag
+  load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url$tag.txt" | tail -7
+  curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics$tag.txt"
   kill $S; wait $S 2>/dev/null
+}
+
+remote_profile() {  # the remote drafter's round split on the GPU (one process, loopback gRPC)
+  PYTHONPATH=. timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
+    --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128
 }
 
 case "${1:?call number}" in
@@ -105,6 +114,19 @@ case "${1:?call number}" in
   mark engine_bench exact,load
   timeout 300 python3 scripts/gpu/engine_bench.py --stages exact,load --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -40
+  mark done
+  ;;
+9)
+  stage_target
+  mark engine_bench speed
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed --speed-modes linear,tree@32 \
+    --speed-variants "plain,generic ar" --target $T --humaneval $H 2>&1 | grep -v Warn | tail -8
+  mark remote profile, GIL switch 5 ms
+  remote_profile 2>&1 | tee "$OUT/remote_profile.txt" | tail -4
+  mark remote profile, GIL switch 0.5 ms
+  DDTREE_GIL_SWITCH_INTERVAL_S=0.0005 remote_profile 2>&1 | tee -a "$OUT/remote_profile.txt" | tail -4
+  REPEATS=1 serve_bench || exit 3
+  DDTREE_GIL_SWITCH_INTERVAL_S=0.0005 REPEATS=1 serve_bench _gil05 || exit 3
   mark done
   ;;
 7)

@@ -147,3 +147,42 @@ def test_pipelined_steps_give_the_same_tokens_as_synchronous_ones(pair) -> None:
         served.append(run_all(engine, reqs))
         assert engine.slots.num_used == 0 and not engine.has_work
     assert served[0] == served[1]
+
+
+def test_greedy_ar_rounds_take_the_short_path_and_match_the_tree_walk(pair, monkeypatch) -> None:
+    """A round of greedy ar rows skips the one-node tree walk and the compaction
+    (`round._verify_greedy_ar`): same tokens, same pool, same state as the generic path."""
+    from ddtree.engine import round as round_module
+
+    target, drafter = pair
+    gen = torch.Generator().manual_seed(5)
+    reqs = [GenerationRequest(torch.randint(3, target.config.vocab_size, (3 + 4 * i,),
+                                            generator=gen).tolist(), 9 + 5 * i,
+                              spec=SpecParams("ar"), ignore_eos=True) for i in range(3)]
+    short_calls = []
+    original = round_module._verify_greedy_ar
+
+    def counted(*args, **kwargs):
+        short_calls.append(1)
+        return original(*args, **kwargs)
+
+    def run(fast: bool) -> tuple[dict[str, list[int]], Engine]:
+        with monkeypatch.context() as patch:
+            patch.setattr(round_module, "_verify_greedy_ar", counted)
+            engine = build_engine(target, drafter, EngineConfig(
+                max_num_seqs=4, max_model_len=64, fast_ar=fast))
+            return run_all(engine, reqs), engine
+
+    fast_tokens, fast_engine = run(True)
+    assert short_calls, "the greedy ar rounds did not take the short path"
+    calls = len(short_calls)
+    slow_tokens, slow_engine = run(False)
+    assert len(short_calls) == calls, "fast_ar=False must walk the one-node trees"
+    assert fast_tokens == slow_tokens
+    for i, request in enumerate(reqs):
+        assert fast_tokens[f"r{i}"] == alone(target, None, request)
+    assert torch.equal(fast_engine.pool.k, slow_engine.pool.k)
+    assert torch.equal(fast_engine.pool.v, slow_engine.pool.v)
+    from ddtree.engine.state import SEED  # unseeded rows draw a random seed each run
+    keep = [c for c in range(fast_engine.state.ints.shape[1]) if c != SEED]
+    assert torch.equal(fast_engine.state.ints[:, keep], slow_engine.state.ints[:, keep])
