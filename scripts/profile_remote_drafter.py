@@ -60,14 +60,14 @@ from verifier_svc.remote_drafter import RemoteDrafter
 STAGES: tuple[tuple[Any, str, str], ...] = (
     (RemoteDrafter, "propose", "v.propose"),
     (RemoteDrafter, "_request", "v.pack"),
-    (DrafterClient, "exchange", "v.exchange"),
+    (DrafterClient, "receive", "v.exchange"),  # the sync exchange and a turn's receive
     (DrafterServicer, "_draft_round", "d.round"),
     (DrafterServicer, "_pack", "d.pack"),
     (GraphDrafter, "propose", "d.graph"),
     (GraphDrafter, "_run", "d.forward"),
 )
 REPORTED = ("verifier pack", "rpc wait", "drafter unpack", "drafter copies", "drafter forward",
-            "drafter pack", "verifier unpack", "overhead", "verify forward", "step")
+            "drafter pack", "verifier unpack", "overhead", "verify forward", "step", "tok/s")
 
 
 class Timers:
@@ -115,6 +115,7 @@ def split(s: dict[str, float]) -> dict[str, float]:
         "overhead": s["v.propose"] - s["d.forward"],
         "verify forward": s["e.verify"],
         "step": s["e.step"],
+        "tok/s": s["tokens"] / s["e.step"] if s["e.step"] else 0.0,
     }
 
 
@@ -132,7 +133,7 @@ def drafter_service(target: Path, drafter: Path, max_sessions: int,
 
 
 def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespace,
-             timers: Timers) -> dict[str, Any]:
+             timers: Timers, alternate: bool) -> dict[str, Any]:
     """One engine with `num_rows` generations; -> per-round medians (ms) and counts."""
     target = load_target(target_dir, torch.device(args.device),
                          getattr(torch, args.dtype)).eval()
@@ -141,7 +142,8 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
     assert client.info is not None, "the drafter service did not answer"
     drafting = RemoteDrafter(client, client.info, 20.0)
     engine = Engine(target, drafting, EngineConfig(max_num_seqs=num_rows, max_queue=0,
-                                                   max_budget=args.budget))
+                                                   max_budget=args.budget,
+                                                   alternate=alternate))
     gen = torch.Generator().manual_seed(0)
     max_tokens = (args.warmup + args.rounds + 2) * drafting.block_size
     for i in range(num_rows):
@@ -153,6 +155,7 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
     profile = cProfile.Profile() if args.cprofile else None
     drafter_profile = cProfile.Profile() if args.cprofile else None
     rounds: list[dict[str, float]] = []
+    raw: list[dict[str, float]] = []
     try:
         for index in range(args.warmup + args.rounds):
             timers.reset()
@@ -160,18 +163,25 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
             if profile is not None and index >= args.warmup:
                 profile.enable()
             started = time.perf_counter()
-            engine.step()
+            outputs = engine.step()
             timers.seconds["e.step"] += time.perf_counter() - started
+            timers.seconds["tokens"] += sum(len(result.new_tokens) for _, result in outputs)
             if profile is not None:
                 profile.disable()
             if index >= args.warmup:
                 rounds.append(split(timers.seconds))
+                raw.append(dict(timers.seconds))
         still_drafting = sum(row.drafting for row in engine.running.values())
     finally:
         client.close()
     result: dict[str, Any] = {
-        name: 1e3 * statistics.median(r[name] for r in rounds) for name in REPORTED}
+        name: 1e3 * statistics.median(r[name] for r in rounds) for name in REPORTED
+        if name != "tok/s"}
     result["rows"], result["rows_still_drafting"] = num_rows, still_drafting
+    result["alternate"] = alternate
+    # tok/s over all timed steps (not the median step: with alternating halves a step is
+    # half a round of the batch)
+    result["tok/s"] = sum(r["tokens"] for r in raw) / sum(r["e.step"] for r in raw)
     if profile is not None and drafter_profile is not None:
         result["cprofile"] = (
             f"--- verifier thread ---\n{top_functions(profile, args.cprofile_top)}"
@@ -194,6 +204,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
+    parser.add_argument("--alternate", default="on", choices=("on", "off", "both"),
+                        help="the engine's alternating halves (EngineConfig.alternate)")
     parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     parser.add_argument("--target", type=Path, default=None, help="a target folder "
                         "(with --drafter; default: --pair's target/)")
@@ -218,15 +230,19 @@ def main(argv: list[str]) -> int:
         drafter_dir = args.drafter or pair / "drafter"
         results = []
         with drafter_service(target_dir, drafter_dir, max(all_rows), args) as port:
+            modes = {"on": (True,), "off": (False,), "both": (False, True)}[args.alternate]
             for num_rows in all_rows:
-                results.append(run_rows(target_dir, port, num_rows, args, timers))
+                for alternate in modes:
+                    results.append(run_rows(target_dir, port, num_rows, args, timers,
+                                            alternate))
     print(f"per-round medians in ms over {args.rounds} rounds ({args.mode}@{args.budget}, "
           f"{args.device} {args.dtype}, {torch.get_num_threads()} torch threads, "
           f"GIL switch {sys.getswitchinterval() * 1e3:g} ms, ddtree from "
           f"{Path(ddtree.__file__).parent})")
-    print("rows  " + "  ".join(f"{name:>15}" for name in REPORTED))
+    print("rows alt  " + "  ".join(f"{name:>15}" for name in REPORTED))
     for r in results:
-        print(f"{r['rows']:>4}  " + "  ".join(f"{r[name]:>15.3f}" for name in REPORTED)
+        print(f"{r['rows']:>4} {'on ' if r['alternate'] else 'off'}  "
+              + "  ".join(f"{r[name]:>15.3f}" for name in REPORTED)
               + ("" if r["rows_still_drafting"] == r["rows"]
                  else f"  ({r['rows_still_drafting']} rows still drafting)"))
     for r in results:

@@ -30,6 +30,9 @@ class VerifierServiceConfig:
     cuda_graphs: bool = True  # capture each round shape in a CUDA graph (GPU only)
     batch_invariant: bool = True  # batch-invariant GEMMs: every mode exact in bf16 (GPU)
     max_prefill_tokens: int = 8192  # prompt tokens prefilled per engine step
+    # The batch's halves take turns with the drafter (one verifies while the other's trees
+    # are drafted); None = on a GPU.
+    alternate: bool | None = None
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     connect_timeout_s: float = 5.0  # drafter GetInfo at start-up and per reconnect try
@@ -79,7 +82,8 @@ class VerifierServiceConfig:
             # The followers receive each forward's inputs from the host: TP runs eagerly.
             max_budget=self.max_budget,
             cuda_graphs=self.cuda_graphs and self.tensor_parallel_size == 1,
-            invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens)
+            invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens,
+            alternate=self.alternate)
 
     @property
     def security(self) -> GrpcSecurity:
@@ -124,6 +128,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
                         default=get("BATCH_INVARIANT", "1") != "0",
                         help="batch-invariant GEMMs (exact ar tokens in bf16 in every mode)")
+    alternate = get("ALTERNATE", "")
+    parser.add_argument("--alternate", action=argparse.BooleanOptionalAction,
+                        default=None if alternate == "" else alternate != "0",
+                        help="the batch's halves take turns with the drafter, so each "
+                             "half's exchange overlaps the other's verify (default: on a GPU)")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

@@ -14,6 +14,7 @@ import itertools
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -43,14 +44,22 @@ class _DraftStream:
     SimpleQueue: a put / get is one lock hand-off in C (queue.Queue's is a Python
     Condition); measured against the engine thread reading the call itself (no reader
     thread, a watchdog for the deadline) on loopback, no hand-off was faster: gRPC's own
-    threads dominate the round trip."""
+    threads dominate the round trip.
+
+    Several draft rounds may be outstanding at once (the engine's two alternating groups):
+    the drafter answers in order, and a reply that arrives while another round is awaited
+    is kept for its own `receive` when its round is still outstanding (other replies -
+    release-only requests, abandoned rounds - are dropped). Read from one thread only."""
 
     def __init__(self, stub: drafter_pb2_grpc.DrafterStub) -> None:
         self._requests: queue.SimpleQueue[drafter_pb2.DraftRequest | None] = queue.SimpleQueue()
         self._replies: queue.SimpleQueue[drafter_pb2.DraftResponse | Exception] = (
             queue.SimpleQueue())
+        self._outstanding: set[int] = set()  # draft rounds sent, not yet received
+        self._early: dict[int, drafter_pb2.DraftResponse] = {}  # their replies, arrived
+        self._failure: Exception | None = None  # once the stream failed, every receive fails
         # No deadline on the call itself (it lives as long as the connection); every
-        # round has its own deadline in `exchange`.
+        # round has its own deadline in `receive`.
         self._call = stub.Draft(iter(self._requests.get, None))
         threading.Thread(target=self._read, name="draft-stream-reader", daemon=True).start()
 
@@ -62,14 +71,25 @@ class _DraftStream:
         except grpc.RpcError as exc:
             self._replies.put(DrafterUnavailable(f"Draft stream failed: {exc.code().name}"))
 
-    def send(self, request: drafter_pb2.DraftRequest) -> None:
+    def send(self, request: drafter_pb2.DraftRequest, awaited: bool = False) -> None:
+        """Queues `request`; `awaited`: its reply will be claimed by `receive`."""
+        if awaited:
+            self._outstanding.add(request.round_id)
         self._requests.put(request)
 
-    def exchange(
-        self, request: drafter_pb2.DraftRequest, timeout_s: float
-    ) -> drafter_pb2.DraftResponse:
-        """Sends `request`, returns the reply with its round_id (older replies are skipped)."""
-        self.send(request)
+    def receive(self, round_id: int, timeout_s: float) -> drafter_pb2.DraftResponse:
+        """The reply of draft round `round_id` (sent with awaited=True), within timeout_s."""
+        try:
+            return self._receive(round_id, timeout_s)
+        finally:
+            self._outstanding.discard(round_id)
+
+    def _receive(self, round_id: int, timeout_s: float) -> drafter_pb2.DraftResponse:
+        early = self._early.pop(round_id, None)
+        if early is not None:
+            return early
+        if self._failure is not None:
+            raise self._failure
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -77,13 +97,28 @@ class _DraftStream:
             except queue.Empty:
                 raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s") from None
             if isinstance(reply, Exception):
+                self._failure = reply
                 raise reply
             # A wait can return after its timeout with a reply that landed late (a busy
             # host schedules the waiter late): late is late, whenever it is noticed.
             if time.monotonic() > deadline:
                 raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s")
-            if reply.round_id == request.round_id:
+            if reply.round_id == round_id:
                 return reply
+            if reply.round_id in self._outstanding:
+                self._early[reply.round_id] = reply
+
+    def forget(self, round_id: int) -> None:
+        """A round whose reply will not be claimed (dropped on arrival)."""
+        self._outstanding.discard(round_id)
+        self._early.pop(round_id, None)
+
+    def exchange(
+        self, request: drafter_pb2.DraftRequest, timeout_s: float
+    ) -> drafter_pb2.DraftResponse:
+        """Sends `request`, returns the reply with its round_id."""
+        self.send(request, awaited=True)
+        return self.receive(request.round_id, timeout_s)
 
     def close(self) -> None:
         self._requests.put(None)
@@ -113,6 +148,14 @@ def wire_problem(info: drafter_pb2.DrafterInfo) -> str | None:
         return (f"drafter speaks Draft wire version {version}; this verifier needs "
                 f"{DRAFT_WIRE_VERSION} (upgrade the drafter)")
     return None
+
+
+@dataclass(frozen=True)
+class DraftTicket:
+    """A draft round sent and not yet received: its stream and round_id."""
+
+    stream: _DraftStream
+    round_id: int
 
 
 class DrafterClient:
@@ -213,15 +256,26 @@ class DrafterClient:
                  timeout_s: float) -> drafter_pb2.DraftTrees:
         """One round: `request`, its batch of all the round's rows built by the caller
         (in place: no copy of the features), gets its round_id here -> their trees."""
+        return self.receive(self.send(request), timeout_s)
+
+    def send(self, request: drafter_pb2.DraftRequest) -> DraftTicket:
+        """Sends a draft round now (its round_id is set here) and returns at once; its
+        trees come from `receive(ticket, ...)`. Raises DrafterUnavailable when there is no
+        stream."""
         with self._lock:
             stream = self._stream
         if stream is None:
             raise DrafterUnavailable("not connected to the drafter")
         request.round_id = next(self._round_ids)
+        stream.send(request, awaited=True)
+        return DraftTicket(stream, request.round_id)
+
+    def receive(self, ticket: DraftTicket, timeout_s: float) -> drafter_pb2.DraftTrees:
+        """The trees of a round sent by `send` (rounds are received in the order sent)."""
         try:
-            reply = stream.exchange(request, timeout_s)
+            reply = ticket.stream.receive(ticket.round_id, timeout_s)
         except DrafterUnavailable as exc:
-            self._on_failure(stream, str(exc))
+            self._on_failure(ticket.stream, str(exc))
             raise
         return reply.trees
 

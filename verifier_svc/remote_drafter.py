@@ -14,6 +14,8 @@ element by element. A row whose tree is missing, late, stale or invalid continue
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +30,7 @@ from ddtree.engine.rows import Row
 from ddtree.errors import TreeValidationError
 from ddtree.tree_validation import CheckedRows, check_rows
 from ddtree.v1 import drafter_pb2
-from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable
+from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable, DraftTicket
 
 if TYPE_CHECKING:
     from ddtree.engine.core import Engine
@@ -77,18 +79,66 @@ class RemoteDrafter:
             self._sent_spec.discard(request_id)
             self.client.release([request_id])
 
-    def propose(self, engine: Engine, rows: list[Row], buffers: RoundBuffers) -> None:
-        """Fills `buffers`' trees for `rows` (root alone for rows that do not draft)."""
+    def propose(self, engine: Engine, rows: list[Row], buffers: RoundBuffers,
+                sent: Sequence[SentRound] = ()) -> None:
+        """Fills `buffers`' trees for `rows` (root alone for rows that do not draft): the
+        trees of the rounds in `sent` (asked for earlier by `send`) for their rows, one
+        exchange now for the drafting rows none of them covers."""
         staging = self._staging_for(buffers)
         staging.wait()
         np.copyto(staging.planes, staging.default)  # (4, B, 1+N): tokens, parents, depth, valid
         staging.planes[TOKENS, : len(rows), 0] = [row.bonus_token for row in rows]
-        drafting = [(i, row) for i, row in enumerate(rows) if row.drafting and row.num_nodes]
+        vocab_size = engine.target.config.vocab_size
+        covered: set[int] = set()
+        if sent:
+            place = {id(row): i for i, row in enumerate(rows)}
+            for pending in sent:
+                trees = self._receive(pending)
+                covered.update(id(row) for row in pending.rows)
+                self._place([(place.get(id(row), -1), row) for row in pending.rows], trees,
+                            staging.host, vocab_size)
+        drafting = [(i, row) for i, row in enumerate(rows)
+                    if row.drafting and row.num_nodes and id(row) not in covered]
         if drafting:
             request, ordered = self._request(engine, drafting)
             trees = self._exchange(request, len(ordered))
-            self._place(ordered, trees, staging.host, engine.target.config.vocab_size)
+            self._place(ordered, trees, staging.host, vocab_size)
         staging.send(buffers)
+
+    def send(self, engine: Engine, rows: list[Row]) -> SentRound | None:
+        """Asks now for the next trees of `rows`' drafting rows and returns at once (the
+        engine verifies another group meanwhile); None when no row drafts or there is no
+        drafter (those rows then ask again in their round)."""
+        drafting = [(i, row) for i, row in enumerate(rows) if row.drafting and row.num_nodes]
+        if not drafting:
+            return None
+        request, ordered = self._request(engine, drafting)
+        started = time.perf_counter()
+        try:
+            ticket = self.client.send(request)
+        except DrafterUnavailable as exc:
+            for _, row in ordered:
+                self._stop_drafting(row, str(exc))
+            return None
+        return SentRound(ticket, [row for _, row in ordered], started)
+
+    def abandon(self, sent: Sequence[SentRound]) -> None:
+        """Rounds sent ahead that will not be verified: their replies are dropped, and a
+        row still drafting stops (the drafter's copy of its context ran ahead)."""
+        for pending in sent:
+            pending.ticket.stream.forget(pending.ticket.round_id)
+            for row in pending.rows:
+                if row.drafting:
+                    self._stop_drafting(row, "its draft round was abandoned")
+
+    def _receive(self, pending: SentRound) -> drafter_pb2.DraftTrees | None:
+        try:
+            trees = self.client.receive(pending.ticket, self.deadline_s())
+        except DrafterUnavailable as exc:
+            log.warning("drafter_round_failed", reason=str(exc), num_rows=len(pending.rows))
+            return None
+        self._observe(time.perf_counter() - pending.started)
+        return trees
 
     def _staging_for(self, buffers: RoundBuffers) -> _Staging:
         shape = (buffers.batch, 1 + buffers.num_nodes)
@@ -138,16 +188,21 @@ class RemoteDrafter:
         except DrafterUnavailable as exc:
             log.warning("drafter_round_failed", reason=str(exc), num_rows=num_rows)
             return None
-        elapsed = time.perf_counter() - started
+        self._observe(time.perf_counter() - started)
+        return trees
+
+    def _observe(self, elapsed: float) -> None:
+        """One round trip into the moving average the deadline follows."""
         self._round_trip_s = elapsed if self._round_trip_s is None else (
             (1 - EMA_WEIGHT) * self._round_trip_s + EMA_WEIGHT * elapsed)
-        return trees
 
     def _place(self, ordered: list[tuple[int, Row]], msg: drafter_pb2.DraftTrees | None,
                host: Tensor, vocab_size: int) -> None:
         """Checks every row's tree at once and writes the good ones into `host`
-        (4, B, 1+N); the other rows continue in ar."""
+        (4, B, 1+N); the other rows continue in ar. A row at batch index -1 (it ended,
+        or is not in this round) or no longer drafting is skipped."""
         rows = [row for _, row in ordered]
+        live = np.array([i >= 0 and row.drafting for i, row in ordered], dtype=bool)
         width = host.shape[2]
         try:
             if msg is None:
@@ -155,15 +210,18 @@ class RemoteDrafter:
             trees = draft_codec.draft_trees_from_proto(msg, len(rows), width)
         except TreeValidationError as exc:
             reason = str(exc) if msg is None else f"invalid trees from the drafter: {exc}"
-            for row in rows:
-                self._stop_drafting(row, reason)
+            for j in np.flatnonzero(live).tolist():
+                self._stop_drafting(rows[j], reason)
             return
         problems, checked = self._check(rows, trees, vocab_size, width - 1)
         for j, problem in sorted(problems.items()):
-            self._stop_drafting(rows[j], problem)
+            if live[j]:
+                self._stop_drafting(rows[j], problem)
         good: slice | np.ndarray = slice(None)  # every row, the rule
-        if problems:
-            good = np.setdiff1d(np.arange(len(rows)), list(problems))
+        if problems or not live.all():
+            bad = np.zeros(len(rows), dtype=bool)
+            bad[list(problems)] = True
+            good = np.flatnonzero(live & ~bad)
             if not len(good):
                 return
         index = np.array([i for i, _ in ordered])[good]  # (G,) the rows' places in the batch
@@ -217,6 +275,16 @@ class RemoteDrafter:
         row.drafting = False
         row.num_nodes = 0
         self.release(row.slot, row.request_id)
+
+
+@dataclass
+class SentRound:
+    """A draft round asked for by `RemoteDrafter.send`: its ticket, its rows (in the
+    request's order) and when it was sent."""
+
+    ticket: DraftTicket
+    rows: list[Row]
+    started: float
 
 
 class _Staging:

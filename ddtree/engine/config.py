@@ -35,7 +35,10 @@ class EngineConfig:
     a batch bucket first carries auto rows; None = when rounds are captured (a GPU);
     pipeline: launch each round before reading the previous one (see Engine.step);
     fast_ar: greedy rounds of ar rows only skip the one-node tree walk and the compaction
-    (`round._verify_greedy_ar`; same tokens and pool; off = the generic walk)."""
+    (`round._verify_greedy_ar`; same tokens and pool; off = the generic walk);
+    alternate: with a remote drafter and drafting rows in both halves of the batch, the
+    halves take turns (one verifies while the other's trees are drafted; Engine.step);
+    None = on a GPU (on the CPU the host computes the verify itself: nothing overlaps)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -50,6 +53,7 @@ class EngineConfig:
     measure_policy: bool | None = None
     pipeline: bool = True
     fast_ar: bool = True
+    alternate: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

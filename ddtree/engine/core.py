@@ -73,6 +73,7 @@ class EngineCounters:
     num_target_forwards: int = 0
     num_rejected: int = 0
     num_expired_sessions: int = 0
+    num_sent_ahead: int = 0  # draft rounds asked for one step ahead (alternating halves)
     batch_sizes: list[int] | None = None
 
 
@@ -111,6 +112,13 @@ class Engine:
         self._measures_policy = measure and isinstance(drafting, LocalDrafter)
         self._num_measurements = 0  # batch buckets measured for the policy so far
         self._in_flight: InFlight | None = None
+        # Alternating halves (a remote drafter, see `step`): each half's launched round,
+        # each half's draft round asked for and not yet received, whose turn it is.
+        self._flights: dict[int, InFlight] = {}
+        self._sent: dict[int, Any] = {}  # group -> the drafter's SentRound
+        self._turn = 0
+        self._alternate = (config.alternate if config.alternate is not None
+                           else self.device.type == "cuda")
 
     # ------------------------------------------------------------ requests
 
@@ -164,7 +172,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._in_flight)
+        return bool(self.waiting or self.running or self._in_flight or self._flights)
 
     # ------------------------------------------------------------ the step
 
@@ -176,8 +184,19 @@ class Engine:
         Pipelined (the default with the local drafter): the round launched by this step is
         read by the NEXT step, after that step has launched its own round, so the host's
         work overlaps the device's. A row finished by round k is still carried by round
-        k+1 (its output is dropped): the pool has room for that extra tree."""
+        k+1 (its output is dropped): the pool has room for that extra tree.
+
+        With a remote drafter (whose trees need the host's view of the last round), the
+        rows form two halves that take turns when both draft (`_step_alternating`): a
+        step completes one half's round and asks the drafter for its next trees, then
+        launches the other half's round with the trees asked for one step earlier - so
+        each half's drafter exchange overlaps the other half's verify."""
         outputs = self._admit()
+        if self._alternates():
+            outputs.extend(self._step_alternating())
+            return outputs
+        for group in sorted(self._flights):  # leaving the turns: both halves' rounds end
+            outputs.extend(self._complete(self._flights.pop(group)))
         rows = list(self.running.values())
         previous, self._in_flight = self._in_flight, None
         pipelined = self._can_pipeline(rows)
@@ -192,6 +211,48 @@ class Engine:
         elif flight is not None:
             outputs.extend(self._complete(flight))
         return outputs
+
+    def _alternates(self) -> bool:
+        """Two halves take turns: a remote drafter that can send ahead, drafting rows in
+        both halves, and no row that reads its round's logits (the halves may share a
+        bucket's graph, whose logits the next launch overwrites)."""
+        if not self._alternate or not hasattr(self.drafting, "send"):
+            return False
+        groups = {row.group for row in self.running.values() if row.drafting and row.num_nodes}
+        return len(groups) == 2 and not any(row.wants_logprobs for row in self.running.values())
+
+    def _step_alternating(self) -> list[Output]:
+        outputs: list[Output] = []
+        if self._in_flight is not None:  # a pipelined round from before the turns
+            outputs.extend(self._complete(self._in_flight))
+            self._in_flight = None
+        group, other = self._turn, self._turn ^ 1
+        self._turn = other
+        for done in (other, group):  # `group`'s own round ended last step (the rule)
+            flight = self._flights.pop(done, None)
+            if flight is not None:
+                outputs.extend(self._complete(flight))
+        if other not in self._sent:  # its next trees, drafted while `group` verifies
+            sent = cast(Any, self.drafting).send(self, self._group_rows(other))
+            if sent is not None:
+                self._sent[other] = sent
+                self.counters.num_sent_ahead += 1
+        rows = self._group_rows(group)
+        if rows:
+            self._flights[group] = self._launch(rows, (group,))
+        return outputs
+
+    def _group_rows(self, group: int) -> list[Row]:
+        return [row for row in self.running.values() if row.group == group]
+
+    def _assign_groups(self, rows: list[Row]) -> None:
+        """New rows join the half with fewer drafting rows (ties: the first)."""
+        counts = [0, 0]
+        for row in self.running.values():
+            counts[row.group] += row.drafting
+        for row in rows:
+            row.group = 0 if counts[0] <= counts[1] else 1
+            counts[row.group] += row.drafting
 
     def _can_pipeline(self, rows: list[Row]) -> bool:
         """Everything the next round needs is on the device: no row drafts outside the
@@ -218,6 +279,7 @@ class Engine:
             admitted.append(row)
         if not admitted:
             return []
+        self._assign_groups(admitted)
         self._admit_auto([row for row in admitted if row.auto],
                          self.plan.batch_bucket(len(self.running) + len(admitted)))
         outputs = [(row.request_id, result) for row, result in
@@ -261,8 +323,11 @@ class Engine:
             results.append(result)
         return results
 
-    def _launch(self, rows: list[Row]) -> InFlight:
-        """Enqueues one round for `rows` and the copy of its output table to the host."""
+    def _launch(self, rows: list[Row], groups: tuple[int, ...] | None = None) -> InFlight:
+        """Enqueues one round for `rows` and the copy of its output table to the host;
+        it takes the draft rounds sent ahead for `groups` (None: every one)."""
+        sent = [self._sent.pop(g) for g in (groups if groups is not None else (0, 1))
+                if g in self._sent]
         auto = [row for row in rows if row.auto]
         batch = self.plan.batch_bucket(len(rows))
         if auto:
@@ -279,7 +344,9 @@ class Engine:
             buffers.last_slots = slots
         timer = RoundTimer(self.device)
         if key.num_nodes:
-            self._draft(rows, key, buffers)
+            self._draft(rows, key, buffers, sent)
+        elif sent:  # every row went to ar since (the policy): nothing to verify
+            cast(Any, self.drafting).abandon(sent)
         timer.mark()
         layers = self.feature_layers if key.num_nodes else ()
         verified = self._replay(("verify", key), buffers, lambda: verify_into(
@@ -367,7 +434,8 @@ class Engine:
         row.drafting, row.num_nodes = False, 0
         self.state.set_tree_shape(row.slot, 0, False)
 
-    def _draft(self, rows: list[Row], key: BucketKey, buffers: RoundBuffers) -> None:
+    def _draft(self, rows: list[Row], key: BucketKey, buffers: RoundBuffers,
+               sent: list[Any]) -> None:
         drafting = self.drafting
         assert drafting is not None
         if isinstance(drafting, LocalDrafter):
@@ -375,7 +443,7 @@ class Engine:
                          lambda: draft_into(self.state, drafting, buffers))
             return
         # A drafter outside the graphs (verifier_svc's RemoteDrafter) fills the trees itself.
-        cast(Any, drafting).propose(self, rows, buffers)
+        cast(Any, drafting).propose(self, rows, buffers, sent)
 
     def _replay(self, graph_key: Any, buffers: RoundBuffers, fn: Callable[[], Any]) -> Any:
         """Runs fn through its graph, capturing it first (on scratch rows) if needed."""

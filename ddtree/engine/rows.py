@@ -28,6 +28,7 @@ class Row:
     drafting: bool = False  # the drafter holds this row's context
     auto: bool = False  # the tree size follows the budget policy
     last_used_s: float = 0.0  # client sessions: for the idle timeout
+    group: int = 0  # with a remote drafter: which of the two alternating groups (Engine.step)
 
     @property
     def wants_logprobs(self) -> bool:

@@ -67,9 +67,9 @@ serve_bench() {  # [tag]: `ddtree serve`, then load_bench through it, its metric
   kill $S; wait $S 2>/dev/null
 }
 
-remote_profile() {  # the remote drafter's round split on the GPU (one process, loopback gRPC)
-  PYTHONPATH=. timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
-    --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128
+remote_profile() {  # [args]: the remote drafter's round split on the GPU (one process, loopback gRPC)
+  PYTHONPATH=.:$PYTHONPATH timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
+    --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128 "$@"
 }
 
 case "${1:?call number}" in
@@ -127,6 +127,32 @@ case "${1:?call number}" in
   DDTREE_GIL_SWITCH_INTERVAL_S=0.0005 remote_profile 2>&1 | tee -a "$OUT/remote_profile.txt" | tail -4
   REPEATS=1 serve_bench || exit 3
   DDTREE_GIL_SWITCH_INTERVAL_S=0.0005 REPEATS=1 serve_bench _gil05 || exit 3
+  mark done
+  ;;
+10)
+  # call 9's remote profile again, and `ddtree serve` at a shorter switch interval
+  mark remote profile, GIL switch 5 ms
+  remote_profile 2>&1 | tee "$OUT/remote_profile.txt" | tail -4
+  mark remote profile, GIL switch 0.5 ms
+  DDTREE_GIL_SWITCH_INTERVAL_S=0.0005 remote_profile 2>&1 | tee -a "$OUT/remote_profile.txt" | tail -4
+  DDTREE_GIL_SWITCH_INTERVAL_S=${GIL:-0.0002} REPEATS=1 serve_bench _gil || exit 3
+  mark done
+  ;;
+11)
+  # (after 1-3, carry .carry/g4) the alternating halves: the remote profile with and
+  # without, tree@32 through `ddtree serve` with and without (twice each, interleaved),
+  # then the load curves (ar's short round, the policy's fixes since lease 5)
+  stage_target
+  mark remote profile
+  remote_profile --alternate both 2>&1 | tee "$OUT/remote_profile.txt" | tail -7
+  for pass in 1 2; do
+    MODES=tree REPEATS=1 serve_bench _on$pass || exit 3
+    DDTREE_ALTERNATE=0 MODES=tree REPEATS=1 serve_bench _off$pass || exit 3
+  done
+  mark load curves
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -18
+  (cd "$OUT" && tar -cf services.tar serve_*.log metrics_*.txt && rm -f serve_*.log metrics_*.txt)
   mark done
   ;;
 7)
