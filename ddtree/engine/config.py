@@ -38,7 +38,7 @@ class EngineConfig:
     (`round._verify_greedy_ar`; same tokens and pool; off = the generic walk);
     alternate: with a remote drafter and drafting rows in both halves of the batch, the
     halves take turns (one verifies while the other's trees are drafted; Engine.step);
-    None = on a GPU (on the CPU the host computes the verify itself: nothing overlaps)."""
+    off by default: measured slower on the H200 (docs/performance.md, fourth session)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -53,7 +53,7 @@ class EngineConfig:
     measure_policy: bool | None = None
     pipeline: bool = True
     fast_ar: bool = True
-    alternate: bool | None = None
+    alternate: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

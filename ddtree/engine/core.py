@@ -35,7 +35,7 @@ from ddtree.engine.prefill_graphs import PrefillGraphs
 from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
-from ddtree.engine.state import RowParams, SlotAllocator, SlotState
+from ddtree.engine.state import COMMITTED, RowParams, SlotAllocator, SlotState
 from ddtree.engine.timing import RoundTimer
 from ddtree.errors import CapacityError, InvalidArgumentError
 from ddtree.models.kv_pool import KVPool
@@ -117,8 +117,6 @@ class Engine:
         self._flights: dict[int, InFlight] = {}
         self._sent: dict[int, Any] = {}  # group -> the drafter's SentRound
         self._turn = 0
-        self._alternate = (config.alternate if config.alternate is not None
-                           else self.device.type == "cuda")
 
     # ------------------------------------------------------------ requests
 
@@ -216,7 +214,7 @@ class Engine:
         """Two halves take turns: a remote drafter that can send ahead, drafting rows in
         both halves, and no row that reads its round's logits (the halves may share a
         bucket's graph, whose logits the next launch overwrites)."""
-        if not self._alternate or not hasattr(self.drafting, "send"):
+        if not self.config.alternate or not hasattr(self.drafting, "send"):
             return False
         groups = {row.group for row in self.running.values() if row.drafting and row.num_nodes}
         return len(groups) == 2 and not any(row.wants_logprobs for row in self.running.values())
@@ -297,7 +295,7 @@ class Engine:
         pay for drafting context it drops in the first round)."""
         if not rows or self.policy is None:
             return
-        self._measure_policy(batch)
+        self._measure_policy(batch, rows)
         if self.policy.prefers_ar(batch):
             for row in rows:
                 row.auto, row.drafting, row.num_nodes = False, False, 0
@@ -331,7 +329,7 @@ class Engine:
         auto = [row for row in rows if row.auto]
         batch = self.plan.batch_bucket(len(rows))
         if auto:
-            self._measure_policy(batch)  # before the clock: not part of this round's cost
+            self._measure_policy(batch, auto)  # before the clock: not this round's cost
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         measurements = self._num_measurements
         if auto and self.policy is not None:
@@ -395,30 +393,39 @@ class Engine:
                 row.num_nodes = choice
                 self.state.set_tree_shape(row.slot, choice, choice == self.policy.depth)
 
-    def _measure_policy(self, batch: int) -> None:
+    def _measure_policy(self, batch: int, rows: list[Row]) -> None:
         """Times one round of every policy choice (ar too) at batch bucket `batch`, once:
         its graphs captured and replayed on scratch rows, so the policy judges by measured
-        costs instead of exploring every tree size in traffic at every batch size."""
+        costs instead of exploring every tree size in traffic at every batch size. The
+        scratch rows attend to `rows`' mean context over their generation (an empty
+        context makes a tree's verify look cheap next to ar's: its attention reads
+        1 + N queries' keys)."""
         policy = self.policy
         if not self._measures_policy or policy is None or policy.is_measured(batch):
             return
+        context = sum(len(row.request.prompt_ids) + row.request.max_tokens // 2
+                      for row in rows) // max(len(rows), 1)
+        context = min(context, self.plan.max_model_len // 2)
         for choice in (0, *policy.choices):
             key = BucketKey(batch, self.plan.node_bucket(choice))
             buffers = self._buffers_for(key)
             buffers.rows.fill_(self.state.scratch)
             buffers.last_slots = []  # the next real round sends its rows again
-            self._scratch_round(key, buffers)  # captures (once) and warms up
+            self._scratch_round(key, buffers, context)  # captures (once) and warms up
             _sync(self.device)
             started = time.perf_counter()
             for _ in range(POLICY_REPEATS):
-                self._scratch_round(key, buffers)
+                self._scratch_round(key, buffers, context)
             _sync(self.device)
             policy.measure(batch, choice, (time.perf_counter() - started) / POLICY_REPEATS)
         self._num_measurements += 1
 
-    def _scratch_round(self, key: BucketKey, buffers: RoundBuffers) -> None:
+    def _scratch_round(self, key: BucketKey, buffers: RoundBuffers, context: int) -> None:
+        """One round of `key` on scratch rows at committed length `context` (the verify
+        resets the scratch row at its end)."""
         drafting = self.drafting
         assert isinstance(drafting, LocalDrafter)
+        self.state.ints[self.state.scratch, COMMITTED] = context
         if key.num_nodes:
             self._replay(("draft", key.batch, key.num_nodes), buffers,
                          lambda: draft_into(self.state, drafting, buffers))

@@ -195,3 +195,32 @@ def test_a_slow_first_round_weighs_as_one_sample_among_the_first_few() -> None:
     for seconds in (4.0, 1.0, 1.0, 1.0):  # a new shape's first round pays one-time costs
         policy.observe(2, 7, seconds, [1])
     assert policy.throughput(2, 7) == pytest.approx(1 / 1.75)  # the mean, not ~3.2
+
+
+def test_measured_rounds_attend_to_the_rows_mean_context(pair, monkeypatch) -> None:
+    """The scratch rows of a measurement run at the admitted rows' mean context over their
+    generation (prompt + max_tokens / 2), not at an empty one: a tree's verify reads its
+    context once per node, so an empty context would make trees look cheap next to ar."""
+    target, drafter = pair
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=2, max_model_len=160,
+                                                        max_budget=32, measure_policy=True))
+    from ddtree.engine import core
+    from ddtree.engine.state import COMMITTED
+
+    seen: list[int] = []  # the scratch row's committed length as each draft half starts
+    draft_into = core.draft_into
+
+    def record(state, drafting, buffers):
+        if bool((buffers.rows == state.scratch).all()):  # a measurement's scratch round
+            seen.append(int(state.ints[state.scratch, COMMITTED]))
+        return draft_into(state, drafting, buffers)
+
+    monkeypatch.setattr(core, "draft_into", record)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"auto{i}", GenerationRequest(prompt, 40, spec=SpecParams("auto"),
+                                                         ignore_eos=True))
+    engine.step()
+    assert engine.policy is not None and engine.policy.is_measured(2)
+    context = (7 + 20 + 3 + 20) // 2
+    assert seen and set(seen) == {context}, seen
