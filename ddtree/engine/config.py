@@ -38,7 +38,9 @@ class EngineConfig:
     (`round._verify_greedy_ar`; same tokens and pool; off = the generic walk);
     alternate: with a remote drafter and drafting rows in both halves of the batch, the
     halves take turns (one verifies while the other's trees are drafted; Engine.step);
-    off by default: measured slower on the H200 (docs/performance.md, fourth session)."""
+    off by default: measured slower on the H200 (docs/performance.md, fourth session);
+    swiglu_epilogue: the gate_up GEMM stores silu(gate) * up itself (same bits as the GEMM
+    then silu_mul, one launch fewer per layer; the target's layers and a local drafter's)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -54,6 +56,7 @@ class EngineConfig:
     pipeline: bool = True
     fast_ar: bool = True
     alternate: bool = False
+    swiglu_epilogue: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

@@ -15,6 +15,7 @@ Not thread-safe: one thread owns an Engine (verifier_svc's engine thread, or the
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections import deque
@@ -85,7 +86,11 @@ class Engine:
         weight = target.embeddings.embed_tokens.weight
         self.device, dtype = weight.device, weight.dtype
         target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant,
-                                 fused=config.fused_prologues)
+                                 fused=config.fused_prologues,
+                                 swiglu_epilogue=config.swiglu_epilogue)
+        if isinstance(drafting, LocalDrafter):
+            drafting.backend = dataclasses.replace(drafting.backend,
+                                                   swiglu_epilogue=config.swiglu_epilogue)
         depth = drafting.block_size - 1 if drafting is not None else 0
         self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)
         self.pool: KVPool = target.new_pool(self.plan.num_slots + 1, self.plan.max_len)

@@ -12,6 +12,8 @@ weight's width, not x's 2I), never a function of T.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -83,4 +85,44 @@ def swiglu_down_with_config(gate_up: Tensor, weight: Tensor, bias: Tensor | None
     check_operands(gate_up, weight, bias, 2 * weight.shape[1])
     out = gate_up.new_empty((gate_up.shape[0], weight.shape[0]))
     launch_linear(gate_up, weight, bias, out, config, SWIGLU.value)
+    return out
+
+
+# ------------------------------------------------------------------ the SwiGLU epilogue
+# The gate_up GEMM stores silu(gate) * up instead of [gate | up]: each program accumulates
+# BLOCK_N gate columns and the BLOCK_N up columns I rows below them in the weight, then
+# rounds both as the stored gate_up would be and applies `silu_times` (the elementwise
+# steps of swiglu.silu_mul): the same bits as the GEMM then silu_mul, one launch and one
+# (T, 2I) round trip through memory fewer per layer. No prologue is involved, so the
+# GEMM's main loop is the plain one (the fused prologues' statistics pass measured slower).
+
+
+def swiglu_epilogue_config(gate_up_weight: Tensor) -> LinearConfig | None:
+    """The tiling of the SwiGLU-epilogue GEMM of a (2I, K) [gate | up] weight: that of the
+    weight with half its BLOCK_N (each program then reads the weight bytes a program of
+    the plain GEMM reads), or None where the weight's tiling splits K (the epilogue needs
+    the whole sum)."""
+    two_i, k = gate_up_weight.shape
+    config = linear_config(two_i, k, gate_up_weight.dtype)
+    if config.split_k != 1 or two_i % 2:
+        return None
+    return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+
+
+def linear_swiglu_reference(x: Tensor, gate_up_weight: Tensor) -> Tensor:
+    """x: (T, K); gate_up_weight: (2I, K) -> silu(gate) * up (T, I): the GEMM in float64
+    rounded to x's dtype, then the models' eager SwiGLU."""
+    return silu_mul_reference(linear_reference(x, gate_up_weight))
+
+
+def linear_swiglu(x: Tensor, gate_up_weight: Tensor,
+                  config: LinearConfig | None = None) -> Tensor:
+    """The Triton kernel: x (T, K) contiguous, gate_up_weight (2I, K) in its dtype ->
+    (T, I) = silu_mul(invariant_linear(x, gate_up_weight)) (bitwise, with `config` =
+    `swiglu_epilogue_config`, which must not be None)."""
+    config = config or swiglu_epilogue_config(gate_up_weight)
+    assert config is not None, "this weight's tiling splits K: use linear then silu_mul"
+    check_operands(x, gate_up_weight, None, gate_up_weight.shape[1])
+    out = x.new_empty((x.shape[0], gate_up_weight.shape[0] // 2))
+    launch_linear(x, gate_up_weight, None, out, config, epilogue=1)
     return out

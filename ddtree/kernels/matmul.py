@@ -19,7 +19,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree.kernels.prologues import NORM, a_tile, inverse_rms, sum_squares
+from ddtree.kernels.prologues import NORM, a_tile, inverse_rms, silu_times, sum_squares
+
+# The operation after the dot (`_linear_kernel`'s EPILOGUE): none, or SwiGLU of a
+# [gate | up] weight - each program accumulates a gate tile and the up tile N rows below
+# it and stores silu(gate) * up, N columns wide (fused_linear.linear_swiglu).
+EPILOGUE_NONE = tl.constexpr(0)
+EPILOGUE_SWIGLU = tl.constexpr(1)
 
 
 def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -100,7 +106,7 @@ def _linear_kernel(
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_IEEE: tl.constexpr,
+    DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -123,22 +129,35 @@ def _linear_kernel(
     first_block = pid_k * blocks_per_split
     last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # EPILOGUE_SWIGLU only
+    up_ptrs = w_ptrs + N * stride_wn  # the up rows of a [gate | up] weight
     for kb in range(first_block, last_block):  # the same K order for every row
         k0 = kb * BLOCK_K
         if EVEN_K:
             k_mask = ks < BLOCK_K
             a_mask = row_mask[:, None]
-            b = tl.load(w_ptrs + k0, mask=col_mask[None, :], other=0.0)
+            b_mask = col_mask[None, :]
         else:
             k_mask = (k0 + ks) < K
             a_mask = row_mask[:, None] & k_mask[None, :]
-            b = tl.load(w_ptrs + k0, mask=col_mask[None, :] & k_mask[:, None], other=0.0)
+            b_mask = col_mask[None, :] & k_mask[:, None]
+        b = tl.load(w_ptrs + k0, mask=b_mask, other=0.0)
         a = a_tile(x_ptrs + k0, r_ptrs + k0, nw_ptr + k0 + ks, a_mask, k_mask, rstd, K,
                    PROLOGUE, HAS_RESIDUAL)
         if DOT_IEEE:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+        if EPILOGUE == EPILOGUE_SWIGLU:  # the up tile: the same A, the same K order
+            b_up = tl.load(up_ptrs + k0, mask=b_mask, other=0.0)
+            if DOT_IEEE:
+                up_acc = tl.dot(a.to(tl.float32), b_up.to(tl.float32), up_acc,
+                                input_precision="ieee")
+            else:
+                up_acc = tl.dot(a, b_up, up_acc)
+    if EPILOGUE == EPILOGUE_SWIGLU:  # gate and up rounded as a stored gate_up would be
+        dtype = out_ptr.dtype.element_ty
+        acc = silu_times(acc.to(dtype), up_acc.to(dtype)).to(tl.float32)
     _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
                 num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
 
@@ -215,12 +234,17 @@ def check_operands(x: Tensor, weight: Tensor, bias: Tensor | None, x_width: int)
 def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
                   config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
                   norm_weight: Tensor | None = None, h: Tensor | None = None,
-                  eps: float = 0.0) -> None:
+                  eps: float = 0.0, epilogue: int = 0) -> None:
     """Writes out (T, N) = A @ weight.T (+ bias) for checked operands, A being x after
     `prologue` (prologues.py: 0 plain, 1 norm with residual / norm_weight / eps, storing
-    x + residual in h, 2 SwiGLU on x = [gate | up]); the tiling is `config` whatever T."""
+    x + residual in h, 2 SwiGLU on x = [gate | up]) and, with `epilogue` 1, out (T, N/2)
+    = silu(gate) * up of a [gate | up] weight (no split-K, no bias); the tiling is
+    `config` whatever T."""
     num_rows = x.shape[0]
     out_features, in_features = weight.shape
+    if epilogue:
+        assert config.split_k == 1 and bias is None and out_features % 2 == 0
+        out_features //= 2
     if num_rows == 0:
         return
     k_blocks = triton.cdiv(in_features, config.block_k)
@@ -241,7 +265,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        EPILOGUE=epilogue, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split_k > 1:
         block = 1024

@@ -203,9 +203,8 @@ class DFlashDrafter(nn.Module):
                                             attn.qkv_weight, attn.qkv_bias)
             x = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i])
             norm = layer.post_attention_layernorm
-            gate_up, residual = ops.norm_linear(backend, x, residual, norm.weight, norm.eps,
-                                                mlp.gate_up_weight)  # (T, 2I)
-            x = mlp.down(backend, gate_up)
+            x, residual = ops.norm_swiglu_down(backend, x, residual, norm.weight, norm.eps,
+                                               mlp.gate_up_weight, mlp.down_proj.weight)
         h, _ = ops.rms_norm(backend, x, self.norm.weight, self.norm.eps, residual)
         h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)

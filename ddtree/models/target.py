@@ -244,9 +244,10 @@ class TargetModel(nn.Module):
                 captured[index - 1] = residual  # the output of the previous layer
             delta = reduce(attn(backend, qkv, meta, inv_freq, pool.k[index], pool.v[index]))
             norm = layer.post_attention_layernorm
-            gate_up, residual = ops.norm_linear(backend, delta, residual, norm.weight,
-                                                norm.eps, mlp.gate_up_weight)  # (T, 2I)
-            delta = reduce(mlp.down(backend, gate_up))
+            out, residual = ops.norm_swiglu_down(backend, delta, residual, norm.weight,
+                                                 norm.eps, mlp.gate_up_weight,
+                                                 mlp.down_proj.weight)
+            delta = reduce(out)
         h, _ = ops.rms_norm(backend, delta, self.norm.weight, self.norm.eps, residual)
         last_layer = self.config.num_layers - 1
         if last_layer in feature_layers:

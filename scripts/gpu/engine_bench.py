@@ -217,25 +217,26 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
     rows: dict[str, Any] = {}
     # (row suffix, invariant GEMMs, fused norm/SwiGLU prologues, the short greedy ar round,
-    # modes). The fused and generic-ar rows are compared with the plain ar tokens (neither
-    # may change a bit); cuBLAS rows with cuBLAS ar (not batch invariant).
-    variants = (("", True, False, True, ("ar", "linear", "tree@15", "tree@15k8", "tree@16",
-                                         "tree@32", "tree@64", "tree@128", "shadow@16",
-                                         "shadow@64")),
-                (" (generic ar)", True, False, False, ("ar",)),
-                (" (fused)", True, True, True, ("ar", "tree@32")),
-                (" (cuBLAS)", False, False, True, ("ar", "tree@64")))
+    # the SwiGLU epilogue, modes). The other invariant rows are compared with the plain ar
+    # tokens (none may change a bit); cuBLAS rows with cuBLAS ar (not batch invariant).
+    variants = (("", True, False, True, True, ("ar", "linear", "tree@15", "tree@15k8",
+                                               "tree@16", "tree@32", "tree@64", "tree@128",
+                                               "shadow@16", "shadow@64")),
+                (" (generic ar)", True, False, False, True, ("ar",)),
+                (" (no epilogue)", True, False, True, False, ("ar", "tree@32")),
+                (" (fused)", True, True, True, False, ("ar", "tree@32")),
+                (" (cuBLAS)", False, False, True, True, ("ar", "tree@64")))
     wanted = set(args.speed_modes.split(",")) if args.speed_modes else None
     kinds = set(args.speed_variants.split(","))
     ar_tokens = None
-    for suffix, invariant, fused, fast_ar, names in variants:
+    for suffix, invariant, fused, fast_ar, epilogue, names in variants:
         kind = suffix.strip(" ()") or "plain"
         names = tuple(n for n in names if wanted is None or n in wanted or n == "ar")
         if kind not in kinds or not names:
             continue
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
-            fast_ar=fast_ar))
+            fast_ar=fast_ar, swiglu_epilogue=epilogue))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=fused)
         reference = ar_tokens if invariant else None
@@ -420,7 +421,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--speed-modes", default="", help="speed stage: these modes only "
                         "(comma-separated, ar always; default all)")
-    parser.add_argument("--speed-variants", default="plain,generic ar,fused,cuBLAS",
+    parser.add_argument("--speed-variants", default="plain,generic ar,no epilogue,fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--load-tokens", type=int, default=128)

@@ -155,6 +155,39 @@ case "${1:?call number}" in
   (cd "$OUT" && tar -cf services.tar serve_*.log metrics_*.txt && rm -f serve_*.log metrics_*.txt)
   mark done
   ;;
+12)
+  # (after 1-3, carry .carry/g4) the SwiGLU epilogue (bitwise on the GPU, the speed table
+  # with and without it, ar's short round), every mode against ar (bf16), the load curves
+  # (the policy measuring at the rows' context), continuous load in process and through
+  # `ddtree serve`
+  stage_target
+  mark epilogue bitwise
+  python3 - <<'PY' 2>&1 | tail -4
+import torch
+from ddtree.kernels.fused_linear import linear_swiglu
+from ddtree.kernels.matmul import invariant_linear
+from ddtree.kernels.swiglu import silu_mul
+torch.manual_seed(0)
+for two_i, k in ((3072, 576), (24576, 4096)):
+    w = (torch.randn(two_i, k, device="cuda") / 30).bfloat16()
+    for t in (1, 33, 264, 2048):
+        x = torch.randn(t, k, device="cuda").bfloat16()
+        same = torch.equal(linear_swiglu(x, w), silu_mul(invariant_linear(x, w)))
+        print(f"epilogue {two_i}x{k} T={t}: bitwise {same}")
+PY
+  mark engine_bench speed, exact
+  timeout 330 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
+    --speed-variants "plain,generic ar,no epilogue" --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | grep -v " c[18]: =6/6" | tail -14
+  mark load curves
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -17
+  mark bench in process
+  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
+  serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  mark done
+  ;;
 7)
   # The committed drafter's table (same stage, to compare), the continuous-load benches of
   # call 4 again (after a change between calls), then the engine's concurrency curves.

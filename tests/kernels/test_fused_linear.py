@@ -1,20 +1,27 @@
 """GEMMs with a fused prologue: `norm_linear` equals the RMSNorm kernel then the invariant
 linear, and `swiglu_down` equals silu_mul then the linear, bitwise (h too), across K-block
 and split-K boundaries and ragged sizes; a row's result does not depend on the batch; both
-match their float64 references; a target gives the same logits and features fused or not."""
+match their float64 references; a target gives the same logits and features fused or not.
+The SwiGLU epilogue (`linear_swiglu`: the gate_up GEMM storing silu(gate) * up) equals the
+GEMM then silu_mul bitwise, is batch invariant and leaves a target's outputs unchanged."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from ddtree.kernels.fused_linear import (
+    linear_swiglu,
+    linear_swiglu_reference,
     norm_linear,
     norm_linear_reference,
     norm_linear_with_config,
     swiglu_down,
     swiglu_down_reference,
     swiglu_down_with_config,
+    swiglu_epilogue_config,
 )
 from ddtree.kernels.matmul import LinearConfig, linear_config, linear_with_config
 from ddtree.kernels.rmsnorm import rms_norm
@@ -156,5 +163,84 @@ def test_a_target_gives_the_same_logits_and_features_fused_or_not(dtype: torch.d
     for fused in (True, False):
         target.backend = Backend(kernels=True, fused=fused)
         outputs.append(target.causal(ids, feature_layers=(0, 1, 2)))
+    assert torch.equal(outputs[0].logits, outputs[1].logits)
+    assert torch.equal(outputs[0].features, outputs[1].features)
+
+
+# The SwiGLU epilogue: (2I, K) [gate | up] weights, x (T, K); config None = the tuned or
+# default tiling of the weight with half its BLOCK_N (swiglu_epilogue_config).
+EPILOGUE_CASES = {
+    "bf16-ragged-own-config": (2 * 40, 100, torch.bfloat16, None),
+    "fp16-two-k-blocks": (2 * 48, 128, torch.float16, LinearConfig(64, 16, 64, 1, 4, 2)),
+    "fp32-ragged": (2 * 24, 70, torch.float32, LinearConfig(32, 16, 32, 1, 4, 2)),
+    "bf16-demo-gate-up-tuned": (3072, 576, torch.bfloat16, None),
+}
+
+
+@pytest.fixture(params=list(EPILOGUE_CASES), scope="module")
+def epilogue_problem(request: pytest.FixtureRequest) -> tuple:
+    two_i, k, dtype, config = EPILOGUE_CASES[request.param]
+    gen = torch.Generator().manual_seed(3)
+    x = (2 * torch.randn(ROWS, k, generator=gen)).to(dtype)
+    weight = (torch.randn(two_i, k, generator=gen) / 10).to(dtype)
+    config = config or swiglu_epilogue_config(weight)
+    assert config is not None
+    return x, weight, config, linear_swiglu(x, weight, config)
+
+
+def test_the_swiglu_epilogue_equals_the_linear_then_silu_mul(epilogue_problem: tuple) -> None:
+    """Bitwise, against the plain GEMM at the weight's own tiling (twice the BLOCK_N)."""
+    x, weight, config, out = epilogue_problem
+    plain = dataclasses.replace(config, block_n=2 * config.block_n)
+    assert out.shape == (x.shape[0], weight.shape[0] // 2)
+    assert torch.equal(out, silu_mul(linear_with_config(x, weight, None, None, plain)))
+
+
+@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (3, 5), (17, 60), (65, 3)])
+def test_swiglu_epilogue_rows_do_not_depend_on_the_batch(epilogue_problem: tuple,
+                                                         num_rows: int, offset: int) -> None:
+    x, weight, config, out = epilogue_problem
+    rows = slice(offset, offset + num_rows)
+    assert torch.equal(linear_swiglu(x[rows], weight, config), out[rows])
+
+
+def test_swiglu_epilogue_matches_the_float64_reference(epilogue_problem: tuple) -> None:
+    """Three roundings to the model dtype (gate and up, silu, the product): in bf16 the
+    CPU interpreter truncates each instead of rounding (kernels/NOTES.md), up to one ulp
+    (2^-7) each instead of half of one, so the bound is two ulps, not the GEMM's 1e-2."""
+    x, weight, _, out = epilogue_problem
+    expected = linear_swiglu_reference(x, weight)
+    if out.dtype != torch.bfloat16:
+        assert_close_in_norm(out, expected)
+        return
+    error = ((out.double() - expected.double()).norm() / expected.double().norm()).item()
+    assert error < 2 ** -6, error
+
+
+def test_no_epilogue_where_the_weight_splits_k() -> None:
+    """The Qwen3-8B-shaped down weight's tuned tiling splits K; a gate_up weight that did
+    would get no epilogue (ops falls back to the GEMM then silu_mul)."""
+    assert linear_config(4096, 12288, torch.bfloat16).split_k > 1
+    assert swiglu_epilogue_config(torch.empty(4096, 12288, dtype=torch.bfloat16)) is None
+    assert swiglu_epilogue_config(torch.empty(3072, 576, dtype=torch.bfloat16)) is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_target_gives_the_same_logits_and_features_with_the_epilogue_or_not(
+        dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    target = TargetModel(TargetConfig.from_hf({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 96,
+        "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 64}))
+    for param in target.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    target = target.to(dtype).eval().requires_grad_(False).fuse_weights()
+    ids = torch.randint(0, 96, (2, 7))
+    outputs = []
+    for epilogue in (True, False):
+        target.backend = Backend(kernels=True, swiglu_epilogue=epilogue)
+        outputs.append(target.causal(ids, feature_layers=(0, 1)))
     assert torch.equal(outputs[0].logits, outputs[1].logits)
     assert torch.equal(outputs[0].features, outputs[1].features)
