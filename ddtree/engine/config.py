@@ -40,9 +40,7 @@ class EngineConfig:
     halves take turns (one verifies while the other's trees are drafted; Engine.step);
     off by default: measured slower on the H200 (docs/performance.md, fourth session);
     swiglu_epilogue: the gate_up GEMM stores silu(gate) * up itself (same bits as the GEMM
-    then silu_mul, one launch fewer per layer; the target's layers and a local drafter's);
-    short_kv_graphs: rounds whose contexts fit one attention split run graphs captured for
-    that bound (KV_BUCKET_BASE: no combine kernel); off = every graph at the pool's length."""
+    then silu_mul, one launch fewer per layer; the target's layers and a local drafter's)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -59,7 +57,6 @@ class EngineConfig:
     fast_ar: bool = True
     alternate: bool = False
     swiglu_epilogue: bool = True
-    short_kv_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:
@@ -69,15 +66,6 @@ class EngineConfig:
                 "max_model_len and kv_memory_bytes must be >= 0, max_budget >= 1")
         if self.max_prefill_tokens < 1:
             raise InvalidArgumentError("max_prefill_tokens must be >= 1")
-
-
-# Rounds whose queries all read at most KV_BUCKET_BASE keys run graphs captured for that
-# bound: the attention grid has cdiv(max_kv_len, SPLIT_SIZE) splits, so with the bound at
-# one split (tree_attention.SPLIT_SIZE = 256) there is no combine kernel and no idle split
-# program per layer. Longer contexts use the pool's row length (two variants per round
-# shape at most: each graph keeps its outputs, the logits too). A query's result never
-# depends on the bound.
-KV_BUCKET_BASE = 256
 
 
 @dataclass(frozen=True)
@@ -97,10 +85,6 @@ class PoolPlan:
         if num_nodes == 0:
             return 0
         return next(n for n in self.node_buckets if n >= num_nodes)
-
-    def kv_bucket(self, num_keys: int) -> int:
-        """The key bound of a round whose queries read at most num_keys (KV_BUCKET_BASE)."""
-        return KV_BUCKET_BASE if num_keys <= KV_BUCKET_BASE < self.max_len else self.max_len
 
 
 def plan_pool(config: EngineConfig, target: TargetConfig, device: torch.device,

@@ -412,10 +412,7 @@ class Engine:
                       for row in rows) // max(len(rows), 1)
         context = min(context, self.plan.max_model_len // 2)
         for choice in (0, *policy.choices):
-            nodes = self.plan.node_bucket(choice)
-            width = self.drafting.block_size if nodes and self.drafting is not None else 1
-            kv = self.plan.kv_bucket(context + width) if self.config.short_kv_graphs else 0
-            key = BucketKey(batch, nodes, max_kv_len=kv)
+            key = BucketKey(batch, self.plan.node_bucket(choice))
             buffers = self._buffers_for(key)
             buffers.rows.fill_(self.state.scratch)
             buffers.last_slots = []  # the next real round sends its rows again
@@ -475,13 +472,7 @@ class Engine:
         sampled = any(not row.request.sampling.is_greedy for row in rows)
         filtered = any(not row.request.sampling.is_greedy and (
             row.request.sampling.top_k > 0 or row.request.sampling.top_p < 1) for row in rows)
-        # A query reads its row's committed prefix - which includes the round in flight
-        # that the pipelined host has not read yet (up to a block) - and its ancestors in
-        # the tree (at most a block: depth + 1 <= width).
-        width = self.drafting.block_size if self.drafting is not None else 1
-        keys = max(row.committed_len for row in rows) + 2 * width
-        kv = self.plan.kv_bucket(keys) if self.config.short_kv_graphs else 0
-        return BucketKey(self.plan.batch_bucket(len(rows)), num_nodes, sampled, filtered, kv)
+        return BucketKey(self.plan.batch_bucket(len(rows)), num_nodes, sampled, filtered)
 
     def _buffers_for(self, key: BucketKey) -> RoundBuffers:
         shape = (key.batch, key.num_nodes)

@@ -42,15 +42,13 @@ from ddtree.tree import DraftTree, ancestor_chains
 
 @dataclass(frozen=True)
 class BucketKey:
-    """A static round shape: batch rows, tree nodes besides the root (0 = ar only), the
-    sampling variant (any row sampled; any row with top-k / top-p) and the keys a query
-    may read (sizes the attention grid; 0 = the pool's row length)."""
+    """A static round shape: batch rows, tree nodes besides the root (0 = ar only), and
+    the sampling variant (any row sampled; any row with top-k / top-p)."""
 
     batch: int
     num_nodes: int
     sampled: bool = False
     filtered: bool = False
-    max_kv_len: int = 0
 
 
 class RoundBuffers:
@@ -120,7 +118,7 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     only takes `_verify_greedy_ar` (same tokens and pool; `fast_ar=False` walks it as
     one-node trees, which the tests compare it with)."""
     if key.num_nodes == 0 and not key.sampled and fast_ar:
-        return _verify_greedy_ar(state, target, pool, buffers, key.max_kv_len or pool.max_len)
+        return _verify_greedy_ar(state, target, pool, buffers)
     rows = buffers.rows
     committed = state.column(rows, COMMITTED)  # (B,)
     bonus = state.column(rows, BONUS)
@@ -130,8 +128,8 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     else:
         tree = buffers.tree()
     _, chains = ancestor_chains(tree.parents, buffers.width)  # (B, 1+N, Kt): attention, walk
-    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width,
-                     key.max_kv_len or pool.max_len, chains)
+    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width, pool.max_len,
+                     chains)
     out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
     batch, num_rows = tree.tokens.shape
     logits = out.logits.view(batch, num_rows, -1)  # (B, 1+N, V)
@@ -157,7 +155,7 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
 
 
 def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
-                      buffers: RoundBuffers, max_kv_len: int) -> VerifyOutput:
+                      buffers: RoundBuffers) -> VerifyOutput:
     """An ar round at T = 0 (every row's tree is its root alone): the walk of a one-node
     tree is the argmax of the row's logits, the root's K/V already sit at slot
     `committed` (nothing to compact), so the round is the forward, one argmax and two
@@ -171,7 +169,7 @@ def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
     meta = AttentionMeta(
         positions=committed, write_slot=rows, write_pos=committed, query_slot=rows,
         prefix_len=committed, tree_base=committed, tree_keys=torch.zeros_like(committed)[:, None],
-        num_tree_keys=ones, max_kv_len=max_kv_len)
+        num_tree_keys=ones, max_kv_len=pool.max_len)
     logits = target(bonus, meta, pool).logits  # (B, V)
     next_token = logits.argmax(dim=-1)
     state.ints[rows, COMMITTED: BONUS + 1] = torch.stack([committed + 1, next_token], dim=1)

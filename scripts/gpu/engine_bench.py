@@ -224,7 +224,6 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                                                "shadow@16", "shadow@64")),
                 (" (generic ar)", True, False, False, True, ("ar",)),
                 (" (no epilogue)", True, False, True, False, ("ar", "tree@32")),
-                (" (full-kv graphs)", True, False, True, True, ("ar", "tree@32")),
                 (" (fused)", True, True, True, False, ("ar", "tree@32")),
                 (" (cuBLAS)", False, False, True, True, ("ar", "tree@64")))
     wanted = set(args.speed_modes.split(",")) if args.speed_modes else None
@@ -237,7 +236,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             continue
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
-            fast_ar=fast_ar, swiglu_epilogue=epilogue, short_kv_graphs=kind != "full-kv graphs"))
+            fast_ar=fast_ar, swiglu_epilogue=epilogue))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=fused)
         reference = ar_tokens if invariant else None
@@ -422,8 +421,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--speed-modes", default="", help="speed stage: these modes only "
                         "(comma-separated, ar always; default all)")
-    parser.add_argument("--speed-variants",
-                        default="plain,generic ar,no epilogue,full-kv graphs,fused,cuBLAS",
+    parser.add_argument("--speed-variants", default="plain,generic ar,no epilogue,fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--load-tokens", type=int, default=128)

@@ -188,23 +188,6 @@ PY
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   mark done
   ;;
-13)
-  # (after 1-3, carry .carry/g4) the short-context graphs against full-length ones, the
-  # exact stage, the load curves, continuous load in process and through `ddtree serve`
-  stage_target
-  mark engine_bench speed, exact
-  timeout 250 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
-    --speed-variants "plain,full-kv graphs" --target $T --humaneval $H 2>&1 \
-    | grep -v Warn | grep -v " c[18]: =6/6" | tail -12
-  mark load curves
-  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -17
-  mark bench in process
-  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
-  serve_bench || exit 3
-  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
-  mark done
-  ;;
 7)
   # The committed drafter's table (same stage, to compare), the continuous-load benches of
   # call 4 again (after a change between calls), then the engine's concurrency curves.

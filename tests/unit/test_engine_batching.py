@@ -186,36 +186,3 @@ def test_greedy_ar_rounds_take_the_short_path_and_match_the_tree_walk(pair, monk
     from ddtree.engine.state import SEED  # unseeded rows draw a random seed each run
     keep = [c for c in range(fast_engine.state.ints.shape[1]) if c != SEED]
     assert torch.equal(fast_engine.state.ints[:, keep], slow_engine.state.ints[:, keep])
-
-
-def test_rounds_bound_their_keys_and_short_contexts_get_a_one_split_graph(
-        pair, monkeypatch) -> None:
-    """A round's key bound (`BucketKey.max_kv_len`, the attention grid) covers every query's
-    keys - the committed prefix, the round the pipelined host has not read yet, the tree -
-    whatever the modes; here with a bound just above what the first round of these rows
-    may read (the longest prompt + a block in flight + a block of ancestors), which later
-    rounds cross."""
-    from ddtree.engine import config as config_module
-    from ddtree.kernels.tree_attention import SPLIT_SIZE
-    from ddtree.models import ops
-
-    assert config_module.KV_BUCKET_BASE == SPLIT_SIZE  # one split: no combine kernel
-    target, drafter = pair
-    reqs = requests(target.config.vocab_size, sampled=False)
-    base = max(len(r.prompt_ids) for r in reqs) + 2 * drafter.config.block_size + 1
-    monkeypatch.setattr(config_module, "KV_BUCKET_BASE", base)
-    bounds: list[tuple[int, int]] = []  # (keys read, bound) of every attention call
-    attention = ops.attention
-
-    def checked(backend, q, k_cache, v_cache, meta, scale):
-        keys = int((meta.prefix_len + meta.num_tree_keys).max())
-        bounds.append((keys, meta.max_kv_len))
-        return attention(backend, q, k_cache, v_cache, meta, scale)
-
-    monkeypatch.setattr(ops, "attention", checked)
-    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=96))
-    together = run_all(engine, reqs)
-    assert all(keys <= bound for keys, bound in bounds), max(bounds)
-    assert {bound for _, bound in bounds} >= {base, engine.plan.max_len}  # both variants ran
-    for i, request in enumerate(reqs):
-        assert together[f"r{i}"] == alone(target, drafter, request), SPECS[i]
