@@ -239,6 +239,9 @@ def main(argv: list[str]) -> int:
           f"{args.device} {args.dtype}, {torch.get_num_threads()} torch threads, "
           f"GIL switch {sys.getswitchinterval() * 1e3:g} ms, ddtree from "
           f"{Path(ddtree.__file__).parent})")
+    if args.device != "cpu":
+        print("(on a GPU the drafter's forward runs inside its replayed graph: it is counted "
+              "in 'drafter copies', 'drafter forward' stays 0)")
     print("rows alt  " + "  ".join(f"{name:>15}" for name in REPORTED))
     for r in results:
         print(f"{r['rows']:>4} {'on ' if r['alternate'] else 'off'}  "

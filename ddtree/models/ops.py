@@ -10,6 +10,8 @@ before the QKV and gate_up GEMMs and the SwiGLU before the down GEMM into those 
 only to the invariant Triton GEMM, everything else runs the separate operations. It is
 OFF by default: on the H200 it measured slower (ar 604 vs 763 tok/s, tree@32 971 vs 1,117
 at batch 1, docs/performance.md), the per-program norm statistics lengthening every GEMM.
+`Backend.swiglu_epilogue` (on) has the gate_up GEMM store silu(gate) * up itself instead
+(`norm_swiglu_down`; an epilogue leaves the GEMM's main loop alone: faster on the H200).
 """
 
 from __future__ import annotations

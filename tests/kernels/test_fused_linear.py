@@ -147,26 +147,6 @@ def test_rejects_malformed_arguments() -> None:
         norm_linear(torch.randn(2, 32), torch.randn(2, 32).half(), torch.ones(32), EPS, weight)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_target_gives_the_same_logits_and_features_fused_or_not(dtype: torch.dtype) -> None:
-    torch.manual_seed(0)
-    target = TargetModel(TargetConfig.from_hf({  # qkv bias (Qwen2) and q/k norms (Qwen3)
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 96,
-        "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-        "attention_bias": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 64}))
-    for param in target.parameters():
-        torch.nn.init.normal_(param, std=0.3)
-    target = target.to(dtype).eval().requires_grad_(False).fuse_weights()
-    ids = torch.randint(0, 96, (2, 7))
-    outputs = []
-    for fused in (True, False):
-        target.backend = Backend(kernels=True, fused=fused)
-        outputs.append(target.causal(ids, feature_layers=(0, 1, 2)))
-    assert torch.equal(outputs[0].logits, outputs[1].logits)
-    assert torch.equal(outputs[0].features, outputs[1].features)
-
-
 # The SwiGLU epilogue: (2I, K) [gate | up] weights, x (T, K); config None = the tuned or
 # default tiling of the weight with half its BLOCK_N (swiglu_epilogue_config).
 EPILOGUE_CASES = {
@@ -225,22 +205,29 @@ def test_no_epilogue_where_the_weight_splits_k() -> None:
     assert swiglu_epilogue_config(torch.empty(3072, 576, dtype=torch.bfloat16)) is not None
 
 
+# Each fusion against the separate kernels (no prologue, no epilogue).
+SEPARATE = Backend(kernels=True, swiglu_epilogue=False)
+FUSIONS = {"fused prologues": Backend(kernels=True, fused=True, swiglu_epilogue=False),
+           "SwiGLU epilogue": Backend(kernels=True, swiglu_epilogue=True)}
+
+
+@pytest.mark.parametrize("fusion", list(FUSIONS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_target_gives_the_same_logits_and_features_with_the_epilogue_or_not(
-        dtype: torch.dtype) -> None:
-    torch.manual_seed(1)
-    target = TargetModel(TargetConfig.from_hf({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 96,
-        "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
+def test_a_target_gives_the_same_logits_and_features_fused_or_not(
+        dtype: torch.dtype, fusion: str) -> None:
+    torch.manual_seed(0)
+    target = TargetModel(TargetConfig.from_hf({  # qkv bias (Qwen2) and q/k norms (Qwen3)
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 96,
+        "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 64}))
+        "attention_bias": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 64}))
     for param in target.parameters():
         torch.nn.init.normal_(param, std=0.3)
     target = target.to(dtype).eval().requires_grad_(False).fuse_weights()
     ids = torch.randint(0, 96, (2, 7))
     outputs = []
-    for epilogue in (True, False):
-        target.backend = Backend(kernels=True, swiglu_epilogue=epilogue)
-        outputs.append(target.causal(ids, feature_layers=(0, 1)))
+    for backend in (FUSIONS[fusion], SEPARATE):
+        target.backend = backend
+        outputs.append(target.causal(ids, feature_layers=(0, 1, 2)))
     assert torch.equal(outputs[0].logits, outputs[1].logits)
     assert torch.equal(outputs[0].features, outputs[1].features)

@@ -101,3 +101,27 @@ def test_grpc_token_tls_and_reflection_settings(tmp_path) -> None:  # noqa: ANN0
     with pytest.raises(SystemExit):  # a file that is not there
         drafter_config(["--drafter", "d", "--target", "t", "--tls-cert", "/nope",
                         "--tls-key", str(key)], {})
+
+
+def test_alternating_halves_are_off_unless_asked_for() -> None:
+    base = ["--target", "t", "--drafter-addr", "h:1"]
+    assert verifier_config(base, {}).engine_config().alternate is False
+    assert verifier_config(base + ["--alternate"], {}).engine_config().alternate is True
+    assert verifier_config(base, {"DDTREE_ALTERNATE": "1"}).alternate is True
+    assert verifier_config(base + ["--no-alternate"], {"DDTREE_ALTERNATE": "1"}).alternate is False
+
+
+def test_the_gil_switch_interval_comes_from_the_environment() -> None:
+    import sys
+
+    from ddtree.service import DEFAULT_GIL_SWITCH_INTERVAL_S, configure_threads
+
+    before = sys.getswitchinterval()
+    try:
+        assert configure_threads({"DDTREE_GIL_SWITCH_INTERVAL_S": "0.0005"}) == 0.0005
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        assert configure_threads({}) == DEFAULT_GIL_SWITCH_INTERVAL_S
+        with pytest.raises(ValueError, match="must be > 0"):
+            configure_threads({"DDTREE_GIL_SWITCH_INTERVAL_S": "0"})
+    finally:
+        sys.setswitchinterval(before)
