@@ -189,11 +189,12 @@ class Engine:
         work overlaps the device's. A row finished by round k is still carried by round
         k+1 (its output is dropped): the pool has room for that extra tree.
 
-        With a remote drafter (whose trees need the host's view of the last round), the
-        rows form two halves that take turns when both draft (`_step_alternating`): a
-        step completes one half's round and asks the drafter for its next trees, then
-        launches the other half's round with the trees asked for one step earlier - so
-        each half's drafter exchange overlaps the other half's verify."""
+        With a remote drafter (whose trees need the host's view of the last round) and
+        `EngineConfig.alternate` (off by default: measured slower on the H200), the rows
+        form two halves that take turns when both draft (`_step_alternating`): a step
+        completes one half's round and asks the drafter for its next trees, then launches
+        the other half's round with the trees asked for one step earlier, so that each
+        half's drafter exchange may overlap the other half's verify."""
         outputs = self._admit()
         if self._alternates():
             outputs.extend(self._step_alternating())

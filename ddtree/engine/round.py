@@ -12,6 +12,8 @@ shapes per bucket, so each half is captured in one CUDA graph):
 
 The host reads only `RoundBuffers.out` after a round: (B, 2 + 2 Kt) int64 =
 [acceptance length, next bonus, committed tokens (Kt), path node indices (Kt)].
+A greedy round of ar rows only writes the same table from a shorter verify (the forward
+and one argmax: `_verify_greedy_ar`).
 """
 
 from __future__ import annotations
