@@ -20,7 +20,7 @@ MIN_LOGPROB = -9999.0
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's bytes_to_unicode table, inverted: printable stand-in character -> byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
@@ -52,7 +52,7 @@ class TokenNames:
     def _name(self, token_id: int) -> tuple[str, list[int]]:
         if self.is_byte_level and token_id not in self.special:
             piece = self.tokenizer.convert_ids_to_tokens(token_id)
-            table = _byte_decoder()
+            table = byte_decoder()
             if isinstance(piece, str) and piece and all(ch in table for ch in piece):
                 raw = bytes(table[ch] for ch in piece)
                 return raw.decode("utf-8", errors="replace"), list(raw)

@@ -78,3 +78,51 @@ def test_token_names_give_each_tokens_exact_bytes(tokenizer) -> None:  # noqa: A
     raw = b"".join(bytes(names(t)[1]) for t in encode(tokenizer, text))
     assert raw == text.encode()
     assert names(tokenizer.convert_tokens_to_ids("<|im_end|>"))[0] == "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def extended():  # noqa: ANN201 - the tiny tokenizer with added, non-special tokens
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens(["<extra>", " spaced x", "é"])  # "é" is also a byte stand-in
+    return tokenizer
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_byte_level_path_gives_the_tokenizers_own_decode(extended, skip: bool,
+                                                             seed: int) -> None:  # noqa: ANN001
+    """Random ids (byte tokens that split characters, merges, special and added tokens,
+    ids past the tokenizer): the pieces, pushed in random chunks, join to exactly what
+    `tokenizer.decode` gives for the whole sequence, as the window path's pieces do."""
+    import random
+
+    rng = random.Random(seed)
+    ids = [rng.randrange(len(extended) + 2) for _ in range(300)]
+    expected = extended.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+    fast = IncrementalDetokenizer(extended, skip_special_tokens=skip)
+    window = IncrementalDetokenizer(extended, skip_special_tokens=skip)
+    window._bytes = None  # the decode-window path
+    assert fast._bytes is not None
+    outputs = {"fast": [], "window": []}
+    at = 0
+    while at < len(ids):
+        size = rng.choice((1, 1, 1, 2, 5))
+        for name, detokenizer in (("fast", fast), ("window", window)):
+            outputs[name].append(detokenizer.push(ids[at:at + size]))
+        at += size
+    outputs["fast"].append(fast.flush())
+    outputs["window"].append(window.flush())
+    assert "".join(outputs["fast"]) == expected
+    assert "".join(outputs["window"]) == expected
+
+
+def test_a_tokenizer_that_is_not_byte_level_takes_the_window_path() -> None:
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    backend.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    assert detokenizer._bytes is None
+    assert detokenizer.push([0, 1]) + detokenizer.flush() == tokenizer.decode([0, 1])
