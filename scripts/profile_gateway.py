@@ -81,6 +81,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--streams", type=int, default=8, help="concurrent completions")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--keep-profile", type=Path, default=None,
+                        help="copy the gateway's cProfile output here (pstats)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -116,6 +118,8 @@ def main(argv: list[str]) -> int:
             verifier.terminate()
             verifier.wait(timeout=30)
             log.close()
+        if args.keep_profile is not None:
+            args.keep_profile.write_bytes(profile.read_bytes())
         stats = pstats.Stats(str(profile))
         tokens = args.requests * args.max_tokens
         print(f"{events} events ({tokens} tokens) in {seconds:.2f} s ({events / seconds:.0f} "
