@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import APIKeyMiddleware
 from gateway.config import GatewayConfig
+from gateway.detokenize import byte_table
 from gateway.errors import CatchAllMiddleware, install_handlers
 from gateway.limits import BodyLimitMiddleware
 from gateway.logprobs import TokenNames
@@ -63,6 +64,8 @@ def build_state(
     config: GatewayConfig, client: VerifierClient, encoder: PromptEncoder | None = None
 ) -> GatewayState:
     encoder = encoder or PromptEncoder.load(config.tokenizer, config.reasoning)
+    for skip in (True, False):  # built once here, not inside the first streamed request
+        byte_table(encoder.tokenizer, skip)
     model = config.model_name or Path(config.tokenizer).resolve().name
     defaults = Defaults(model, load_sampling_defaults(config.tokenizer),
                         config.stream_granularity, config.max_n)
