@@ -20,7 +20,11 @@
 #   call 9  (fourth session, carry .carry/g4) ar's short round against the generic walk, the
 #           remote drafter's round split on the GPU and `ddtree serve` at two GIL switch
 #           intervals (DDTREE_GIL_SWITCH_INTERVAL_S)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|3|4|5|6|7|8   (results under $OUT)
+#   call 10 (warm, after 9) the remote profile again, `ddtree serve` at GIL=0.0002 s
+#   call 11 (after 1-3) alternating halves on / off (profile, `ddtree serve` twice each), load curves
+#   call 12 (after 1-3) the SwiGLU epilogue bitwise, speed, exact, load curves, continuous
+#           load in process and through `ddtree serve` (~300 s: the next session's start)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|12   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
