@@ -195,6 +195,15 @@ def top_functions(profile: cProfile.Profile, count: int) -> str:
     return out.getvalue()
 
 
+def _shown(path: Path) -> str:
+    """The imported package's folder, relative to the working directory when inside it
+    (the output is committed with the results)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return "(installed) " + path.name
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8,32", help="comma-separated batch sizes")
@@ -238,7 +247,7 @@ def main(argv: list[str]) -> int:
     print(f"per-round medians in ms over {args.rounds} rounds ({args.mode}@{args.budget}, "
           f"{args.device} {args.dtype}, {torch.get_num_threads()} torch threads, "
           f"GIL switch {sys.getswitchinterval() * 1e3:g} ms, ddtree from "
-          f"{Path(ddtree.__file__).parent})")
+          f"{_shown(Path(ddtree.__file__).parent)})")
     if args.device != "cpu":
         print("(on a GPU the drafter's forward runs inside its replayed graph: it is counted "
               "in 'drafter copies', 'drafter forward' stays 0)")

@@ -113,13 +113,6 @@ class _DraftStream:
         self._outstanding.discard(round_id)
         self._early.pop(round_id, None)
 
-    def exchange(
-        self, request: drafter_pb2.DraftRequest, timeout_s: float
-    ) -> drafter_pb2.DraftResponse:
-        """Sends `request`, returns the reply with its round_id."""
-        self.send(request, awaited=True)
-        return self.receive(request.round_id, timeout_s)
-
     def close(self) -> None:
         self._requests.put(None)
         self._call.cancel()

@@ -13,6 +13,7 @@ weight's width, not x's 2I), never a function of T.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch import Tensor
@@ -101,9 +102,14 @@ def swiglu_epilogue_config(gate_up_weight: Tensor) -> LinearConfig | None:
     """The tiling of the SwiGLU-epilogue GEMM of a (2I, K) [gate | up] weight: that of the
     weight with half its BLOCK_N (each program then reads the weight bytes a program of
     the plain GEMM reads), or None where the weight's tiling splits K (the epilogue needs
-    the whole sum)."""
+    the whole sum). Looked up once per weight shape (eager forwards ask every layer)."""
     two_i, k = gate_up_weight.shape
-    config = linear_config(two_i, k, gate_up_weight.dtype)
+    return _epilogue_config(two_i, k, gate_up_weight.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _epilogue_config(two_i: int, k: int, dtype: torch.dtype) -> LinearConfig | None:
+    config = linear_config(two_i, k, dtype)
     if config.split_k != 1 or two_i % 2:
         return None
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))

@@ -112,17 +112,14 @@ def norm_swiglu_down(backend: Backend, x: Tensor, residual: Tensor | None,
     `Backend.swiglu_epilogue` the gate_up GEMM stores silu(gate) * up itself (same bits,
     one launch fewer; fused_linear.linear_swiglu); with `fused` the norm and SwiGLU are
     the GEMMs' prologues instead."""
-    if (backend.kernels and backend.invariant and backend.swiglu_epilogue
-            and not backend.fused and _epilogue_fits(gate_up_weight)):
-        normed, h = rms_norm(backend, x, norm_weight, eps, residual)
-        return linear(backend, fused_linear.linear_swiglu(normed, gate_up_weight),
-                      down_weight), h
+    if backend.kernels and backend.invariant and backend.swiglu_epilogue and not backend.fused:
+        config = fused_linear.swiglu_epilogue_config(gate_up_weight)
+        if config is not None:
+            normed, h = rms_norm(backend, x, norm_weight, eps, residual)
+            return linear(backend, fused_linear.linear_swiglu(normed, gate_up_weight, config),
+                          down_weight), h
     gate_up, h = norm_linear(backend, x, residual, norm_weight, eps, gate_up_weight)
     return swiglu_down(backend, gate_up, down_weight), h
-
-
-def _epilogue_fits(gate_up_weight: Tensor) -> bool:
-    return fused_linear.swiglu_epilogue_config(gate_up_weight) is not None
 
 
 def swiglu_down(backend: Backend, gate_up: Tensor, weight: Tensor,

@@ -29,9 +29,8 @@ from ddtree.kernels.swiglu import silu_mul
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
+from tests.kernels.test_matmul import SPLIT_3, SPLIT_3_FP32  # K = 320: 4, 4, 2 blocks
 
-SPLIT_3 = LinearConfig(64, 32, 32, 3, 4, 2)  # K = 320: blocks of 4, 4 and 2 per split
-SPLIT_3_FP32 = LinearConfig(32, 32, 32, 3, 4, 2)
 EPS = 1e-6
 
 # (name, N, K, dtype, residual, bias, config or None for linear_config's). K is H for the
