@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 from ddtree.kernels.prologues import NORM, a_tile, inverse_rms, silu_times, sum_squares
 
 # The operation after the dot (`_linear_kernel`'s EPILOGUE): none, or SwiGLU of a
@@ -106,8 +107,9 @@ def _linear_kernel(
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0,
+    DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(USE_PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -181,7 +183,9 @@ def _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask
 def _split_k_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, num_rows, N, stride_om,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -254,6 +258,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
             if split_k > 1 else out)
     bias_arg = bias if bias is not None else out
     source = residual if residual is not None else x
+    pdl = use_pdl(x)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
     _linear_kernel[grid](
@@ -265,11 +270,13 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
-        EPILOGUE=epilogue, num_warps=config.num_warps, num_stages=config.num_stages,
+        EPILOGUE=epilogue, USE_PDL=pdl, num_warps=config.num_warps,
+        num_stages=config.num_stages, **launch_kwargs(pdl),
     )
     if split_k > 1:
         block = 1024
         _split_k_reduce_kernel[(num_rows, triton.cdiv(out_features, block))](
             part, bias_arg, out, num_rows, out_features, out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, num_warps=4,
+            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, USE_PDL=pdl,
+            num_warps=4, **launch_kwargs(pdl),
         )

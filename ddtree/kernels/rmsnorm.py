@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 from ddtree.kernels.prologues import inverse_rms, residual_sum, rms_scale, sum_squares
 
 
@@ -27,8 +28,9 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float,
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, h_ptr, hidden, eps,
     stride_x, stride_r, stride_o, stride_h,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     # The statistics in the fixed order the GEMM's norm prologue uses (prologues.py),
     # storing h on the way; then the whole row again for the output.
@@ -63,10 +65,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float,
         return out, h
     block = triton.next_power_of_2(hidden)
     source = residual if residual is not None else x
+    pdl = use_pdl(x)
     _rms_norm_kernel[(num_rows,)](
         x, source, weight, out, h, hidden, eps,
         x.stride(0), source.stride(0), out.stride(0), h.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(1, block // 512)),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, USE_PDL=pdl,
+        num_warps=min(16, max(1, block // 512)), **launch_kwargs(pdl),
     )
     return out, h

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
+
 
 def rope_store_reference(
     qkv: Tensor, positions: Tensor, inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -58,10 +60,11 @@ def _rope_store_kernel(
     write_pos_ptr, q_norm_ptr, k_norm_ptr, q_out_ptr, eps,
     stride_row, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """Program (t, h): query head h < Hq, or key head h - Hq together with value head
     h - Hq. Row t's arithmetic never looks at another row."""
+    wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.arange(0, HALF)
@@ -139,10 +142,12 @@ def rope_store(
         return q
     norm_q = q_norm_weight if q_norm_weight is not None else inv_freq
     norm_k = k_norm_weight if k_norm_weight is not None else inv_freq
+    pdl = use_pdl(qkv)
     _rope_store_kernel[(num_rows, num_heads + num_kv_heads)](
         qkv, positions, inv_freq, k_cache, v_cache, write_slot, write_pos, norm_q, norm_k, q,
         eps, qkv.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HALF=head_dim // 2, HAS_NORM=has_norm, num_warps=1 if head_dim <= 64 else 2,
+        HALF=head_dim // 2, HAS_NORM=has_norm, USE_PDL=pdl,
+        num_warps=1 if head_dim <= 64 else 2, **launch_kwargs(pdl),
     )
     return q

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
+
 
 def silu_mul_reference(gate_up: Tensor) -> Tensor:
     """gate_up: (T, 2I) = [gate | up] -> silu(gate) * up: (T, I) in gate_up's dtype, the
@@ -18,7 +20,9 @@ def silu_mul_reference(gate_up: Tensor) -> Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up_ptr, out_ptr, inner, stride_in, stride_out, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up_ptr, out_ptr, inner, stride_in, stride_out, BLOCK: tl.constexpr,
+                     USE_PDL: tl.constexpr = False):
+    wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inner
@@ -41,7 +45,9 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     if num_rows == 0:
         return out
     block = min(1024, triton.next_power_of_2(inner))
+    pdl = use_pdl(gate_up)
     _silu_mul_kernel[(num_rows, triton.cdiv(inner, block))](
-        gate_up, out, inner, gate_up.stride(0), out.stride(0), BLOCK=block, num_warps=4,
+        gate_up, out, inner, gate_up.stride(0), out.stride(0), BLOCK=block, USE_PDL=pdl,
+        num_warps=4, **launch_kwargs(pdl),
     )
     return out

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 from ddtree.kernels.matmul import dot_in_float32
 
 
@@ -142,8 +143,9 @@ def _tree_attention_split_kernel(
     stride_ot, stride_oh, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr,
+    DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -204,7 +206,9 @@ def _tree_attention_combine_kernel(
     out_ptr, ws_acc_ptr, ws_stat_ptr, prefix_len_ptr, num_tree_keys_ptr,
     stride_ot, stride_oh, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     total = (tl.load(prefix_len_ptr + t).to(tl.int32)
@@ -272,6 +276,7 @@ def tree_attention_tiled(
     else:  # every query fits one split: the workspace is never touched
         ws_acc = ws_stat = q.new_empty((1,), dtype=torch.float32)
     num_tree_cols = tree_keys.shape[1]
+    pdl = use_pdl(q)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
     _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
@@ -282,13 +287,15 @@ def tree_attention_tiled(
         out.stride(0), out.stride(1), num_splits,
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
-        DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, num_warps=4, num_stages=3,
+        DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl, num_warps=4,
+        num_stages=3, **launch_kwargs(pdl),
     )
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,
             out.stride(0), out.stride(1), num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=split_size, num_warps=1,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=split_size, USE_PDL=pdl,
+            num_warps=1, **launch_kwargs(pdl),
         )
     return out
 

@@ -24,7 +24,10 @@
 #   call 11 (after 1-3) alternating halves on / off (profile, `ddtree serve` twice each), load curves
 #   call 12 (after 1-3) the SwiGLU epilogue bitwise, speed, exact, load curves, continuous
 #           load in process and through `ddtree serve` (~300 s: the next session's start)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|12   (results under $OUT)
+#   call 14 (fifth session, after 1-3) dependent launches (PDL): the speed table with and
+#           without, every mode against ar, the load curves, continuous load in process and
+#           through `ddtree serve`, the round profile last
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|14   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -190,6 +193,25 @@ PY
   load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
   serve_bench || exit 3
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  mark done
+  ;;
+14)
+  stage_target
+  mark engine_bench speed, exact
+  timeout 300 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
+    --speed-variants "plain,no PDL" --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | grep -v " c[18]: =6/6" | tail -14
+  mark load curves
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -17
+  mark bench in process
+  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
+  serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  mark profile
+  timeout 100 python3 scripts/gpu/engine_bench.py --stages profile --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -12
+  (cd "$OUT" && ls && tar -cf engine_json.tar $(ls engine_*.json profile*.txt 2>/dev/null) && rm -f engine_*.json profile*.txt)
   mark done
   ;;
 7)

@@ -6,14 +6,18 @@ the triton wheel carries. Uses triton internals: a tool, not a test.
 
     PYTHONPATH=. python -m tests.kernels.compile_sm90    # (a triton 3.6 on PYTHONPATH
                                                           #  compiles what the H200 host will)
+    PYTHONPATH=. python -m tests.kernels.compile_sm90 --pdl on|off   # JSON: per kernel, the
+        launch_pdl flag and where griddepcontrol sits in the PTX (tests/kernels/test_launch.py)
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -23,6 +27,9 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 import ddtree.kernels.matmul as matmul
+import ddtree.kernels.rmsnorm as rmsnorm_module
+import ddtree.kernels.rope as rope_module
+import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
 from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
@@ -125,7 +132,42 @@ def loop_float_ops(sass: str) -> list[collections.Counter]:
             for low, high in loops]
 
 
+MEMORY_OP = re.compile(r"^\s*(ld|st|atom|red)\.global", re.MULTILINE)
+
+
+def pdl_report(pdl: bool) -> list[dict[str, object]]:
+    """Compiles every launcher with dependent launches forced on or off; per kernel: the
+    launch flag, how many grid-dependency waits / launch_dependents the PTX holds, and
+    whether the wait precedes the first global memory access."""
+    modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention)
+    saved = [module.use_pdl for module in modules]
+    for module in modules:
+        module.use_pdl = lambda tensor: pdl  # type: ignore[assignment]
+    try:
+        compiled = compile_everything()
+    finally:
+        for module, original in zip(modules, saved, strict=True):
+            module.use_pdl = original  # type: ignore[assignment]
+    report = []
+    for name, kernel in compiled:
+        ptx = kernel.asm["ptx"]  # type: ignore[attr-defined]
+        first_access = MEMORY_OP.search(ptx)
+        wait = ptx.find("griddepcontrol.wait")
+        report.append({
+            "kernel": name, "launch_pdl": bool(kernel.metadata.launch_pdl),  # type: ignore[attr-defined]
+            "waits": ptx.count("griddepcontrol.wait"),
+            "launch_dependents": ptx.count("griddepcontrol.launch_dependents"),
+            "wait_before_memory": wait >= 0 and (first_access is None
+                                                 or wait < first_access.start()),
+            "wait_before_launch": 0 <= wait < ptx.find("griddepcontrol.launch_dependents"),
+        })
+    return report
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--pdl"]:
+        print(json.dumps(pdl_report(sys.argv[2] == "on")))
+        return
     print(f"triton {triton.__version__}, target sm_90")
     for name, kernel in compile_everything():
         usage, sass = sass_of(kernel)

@@ -1,0 +1,62 @@
+"""Programmatic dependent launch (ddtree/kernels/launch.py): who launches dependently, and
+that every kernel compiled for it waits for the previous kernel before touching memory
+(compiled for sm_90 on this machine through the NVIDIA backend the triton wheel carries,
+in a process without the interpreter; no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ddtree.kernels import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = {"_linear_kernel", "_split_k_reduce_kernel", "_rms_norm_kernel", "_rope_store_kernel",
+           "_silu_mul_kernel", "_tree_attention_split_kernel", "_tree_attention_combine_kernel"}
+
+
+def test_the_cpu_and_the_interpreter_never_launch_dependently() -> None:
+    assert not launch.use_pdl(torch.zeros(1))
+    assert launch.launch_kwargs(False) == {}
+    assert launch.launch_kwargs(True) == {"launch_pdl": True}
+
+
+def test_set_pdl_switches_and_returns_the_old_setting() -> None:
+    before = launch.pdl_enabled()
+    try:
+        assert launch.set_pdl(False) == before
+        assert not launch.pdl_enabled()
+        assert launch.set_pdl(True) is False
+        assert launch.pdl_enabled()
+    finally:
+        launch.set_pdl(before)
+
+
+def _report(pdl: bool) -> list[dict[str, object]]:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90", "--pdl",
+                           "on" if pdl else "off"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report: list[dict[str, object]] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {row["kernel"] for row in report} >= KERNELS, report
+    return report
+
+
+def test_every_kernel_waits_for_the_previous_one_before_any_memory_access() -> None:
+    for row in _report(pdl=True):
+        assert row["launch_pdl"], row
+        assert row["waits"] == 1 and row["launch_dependents"] == 1, row
+        assert row["wait_before_memory"] and row["wait_before_launch"], row
+
+
+def test_without_pdl_the_kernels_carry_no_grid_dependency_control() -> None:
+    for row in _report(pdl=False):
+        assert not row["launch_pdl"], row
+        assert row["waits"] == 0 and row["launch_dependents"] == 0, row
