@@ -9,10 +9,18 @@ waits in `wait_for_inputs` (griddepcontrol.wait: the previous grid complete and 
 memory visible) before it reads or writes anything, and then lets the next kernel launch
 early in turn. The arithmetic is untouched, so results are bitwise those without PDL.
 
-Every kernel launched with `launch_kwargs(...)` must call `wait_for_inputs` first thing
-(before any load or store): the wait is what keeps a dependent launch race-free, and it
-is transitive only if no kernel in the chain skips it. Kernels of other libraries (the
-PyTorch ops of a round) launch as before and wait for full completion.
+Every kernel launched with `launch_kwargs(...)` must call `wait_for_inputs` before any
+load its result depends on and before any store: the wait is what keeps a dependent
+launch race-free, and it is transitive only if no kernel in the chain skips it. Kernels
+of other libraries (the PyTorch ops of a round) launch as before and wait for full
+completion.
+
+Before the wait a kernel may only ask for lines in L2 (`prefetch_l2`): a GEMM its weight
+rows (never written by a kernel), tree attention its prefix K/V (addressed from two
+metadata loads clamped into the pool, so a prefetch can never touch memory outside it nor
+change a result). The HBM latency of those first tiles then overlaps the previous kernel
+instead of following it. `DDTREE_PDL_PREFETCH=0` / `set_prefetch` turn that part off.
+tests/kernels/test_launch.py compiles every kernel for sm_90 and checks the order.
 
 `DDTREE_PDL=0` in the environment, or `set_pdl(False)`, launches without it (A/B
 measurements); the CPU interpreter and GPUs before sm_90 never use it.
@@ -28,7 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
-_enabled = os.environ.get("DDTREE_PDL", "1").strip() not in ("0", "false", "off", "")
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "")
+
+
+_enabled = _env_flag("DDTREE_PDL")
+_prefetch = _env_flag("DDTREE_PDL_PREFETCH")
 
 
 def set_pdl(enabled: bool) -> bool:
@@ -41,6 +55,18 @@ def set_pdl(enabled: bool) -> bool:
 
 def pdl_enabled() -> bool:
     return _enabled
+
+
+def set_prefetch(enabled: bool) -> bool:
+    """Turns the weight prefetch of dependently launched GEMMs on or off; returns the old
+    setting."""
+    global _prefetch
+    previous, _prefetch = _prefetch, bool(enabled)
+    return previous
+
+
+def prefetch_enabled() -> bool:
+    return _prefetch
 
 
 @functools.lru_cache(maxsize=16)
@@ -72,3 +98,11 @@ def wait_for_inputs(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Asks L2 for the lines holding ptrs (any shape of valid global addresses): no result,
+    no wait; the loads that follow hit L2 instead of HBM. CUDA only (inline PTX)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)

@@ -19,7 +19,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
+from ddtree.kernels.launch import (
+    launch_kwargs,
+    prefetch_enabled,
+    prefetch_l2,
+    use_pdl,
+    wait_for_inputs,
+)
 from ddtree.kernels.prologues import NORM, a_tile, inverse_rms, silu_times, sum_squares
 
 # The operation after the dot (`_linear_kernel`'s EPILOGUE): none, or SwiGLU of a
@@ -108,8 +114,8 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
+    PREFETCH_LINES: tl.constexpr = 0,
 ):
-    wait_for_inputs(USE_PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -118,6 +124,13 @@ def _linear_kernel(
     ks = tl.arange(0, BLOCK_K)
     row_mask = rows < num_rows
     col_mask = cols < N
+    first_block = pid_k * blocks_per_split
+    last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
+    if PREFETCH_LINES > 0:  # dependent launch: this program's weight lines into L2 while
+        # the previous kernel finishes (no kernel writes weights: safe before the wait)
+        _prefetch_weights(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
+                          BLOCK_K, PREFETCH_LINES, EPILOGUE)
+    wait_for_inputs(USE_PDL)
     if PROLOGUE == NORM:  # every program needs its rows' statistics over all of K
         store_rows = row_mask & ((tl.zeros([BLOCK_M], tl.int32) + pid_n + pid_k) == 0)
         rstd = inverse_rms(sum_squares(  # one program per row block stores h
@@ -128,8 +141,6 @@ def _linear_kernel(
     x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
     r_ptrs = r_ptr + rows[:, None] * stride_rm + ks[None, :]  # (BM, BK), NORM only
     w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # (BK, BN)
-    first_block = pid_k * blocks_per_split
-    last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # EPILOGUE_SWIGLU only
     up_ptrs = w_ptrs + N * stride_wn  # the up rows of a [gate | up] weight
@@ -162,6 +173,22 @@ def _linear_kernel(
         acc = silu_times(acc.to(dtype), up_acc.to(dtype)).to(tl.float32)
     _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
                 num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _prefetch_weights(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
+                      BLOCK_K: tl.constexpr, LINES: tl.constexpr, EPILOGUE: tl.constexpr):
+    """One L2 prefetch per 128-byte line of the (BLOCK_N, K range) weight rows this
+    program reads (LINES lines per BLOCK_K; the up rows too under the SwiGLU epilogue).
+    Addresses past the weight fall back to the row's start (still a valid address)."""
+    row_start = tl.where(col_mask, cols, 0).to(tl.int64) * stride_wn  # (BN,)
+    line_k = tl.arange(0, LINES) * (BLOCK_K // LINES)  # (LINES,) first element of each line
+    for kb in range(first_block, last_block):
+        k = kb * BLOCK_K + line_k
+        offs = tl.where((k < K)[None, :], row_start[:, None] + k[None, :], row_start[:, None])
+        prefetch_l2(w_ptr + offs)
+        if EPILOGUE == EPILOGUE_SWIGLU:
+            prefetch_l2(w_ptr + N * stride_wn + offs)
 
 
 @triton.jit
@@ -259,6 +286,9 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     bias_arg = bias if bias is not None else out
     source = residual if residual is not None else x
     pdl = use_pdl(x)
+    # 128-byte lines per BLOCK_K of a weight row, for the prefetch of a dependent launch
+    lines = (max(1, config.block_k * weight.element_size() // 128)
+             if pdl and prefetch_enabled() else 0)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
     _linear_kernel[grid](
@@ -270,7 +300,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
-        EPILOGUE=epilogue, USE_PDL=pdl, num_warps=config.num_warps,
+        EPILOGUE=epilogue, USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
         num_stages=config.num_stages, **launch_kwargs(pdl),
     )
     if split_k > 1:

@@ -34,7 +34,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
+from ddtree.kernels.launch import (
+    launch_kwargs,
+    prefetch_enabled,
+    prefetch_l2,
+    use_pdl,
+    wait_for_inputs,
+)
 from ddtree.kernels.matmul import dot_in_float32
 
 
@@ -134,7 +140,30 @@ def _attend_block(q, k_base, v_base, slot, valid, m_i, l_i, acc, scale_log2, str
     return m_new, l_i, acc * alpha[:, None] + pv
 
 
-@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits"])
+@triton.jit
+def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, start,
+                     num_slots, pool_len, stride_ks, stride_kp, stride_kh, stride_vs,
+                     stride_vp, stride_vh, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                     SPLIT: tl.constexpr, LINES: tl.constexpr):
+    """L2 prefetches of the K and V rows (LINES 128-byte lines each) of the prefix
+    positions in [start, start + SPLIT) of query t's pool row, before the kernel waits
+    for the previous one. Only addresses depend on the metadata read here: the slot and
+    positions are clamped into the pool, so the prefetch is harmless even if the
+    metadata were not yet final (the real loads follow the wait)."""
+    slot = tl.minimum(tl.maximum(tl.load(query_slot_ptr + t).to(tl.int64), 0), num_slots - 1)
+    end = tl.minimum(tl.minimum(tl.load(prefix_len_ptr + t).to(tl.int32), start + SPLIT),
+                     pool_len)
+    k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
+    v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+    line = tl.arange(0, LINES) * (HEAD_DIM // LINES)  # (LINES,) first element of each line
+    for block_start in range(start, end, BLOCK):
+        pos = tl.minimum(block_start + tl.arange(0, BLOCK), end - 1).to(tl.int64)  # (BLOCK,)
+        prefetch_l2(k_base + pos[:, None] * stride_kp + line[None, :])
+        prefetch_l2(v_base + pos[:, None] * stride_vp + line[None, :])
+
+
+@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_slots",
+                             "pool_len"])
 def _tree_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
     query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
@@ -144,11 +173,17 @@ def _tree_attention_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
+    PREFETCH_LINES: tl.constexpr = 0, num_slots=1, pool_len=1,
 ):
-    wait_for_inputs(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if PREFETCH_LINES > 0:  # dependent launch: this split's prefix K/V lines into L2
+        _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head,
+                         split * SPLIT, num_slots, pool_len, stride_ks, stride_kp, stride_kh,
+                         stride_vs, stride_vp, stride_vh, HEAD_DIM, BLOCK, SPLIT,
+                         PREFETCH_LINES)
+    wait_for_inputs(USE_PDL)
     prefix = tl.load(prefix_len_ptr + t).to(tl.int32)
     total = prefix + tl.load(num_tree_keys_ptr + t).to(tl.int32)
     start = split * SPLIT
@@ -277,6 +312,8 @@ def tree_attention_tiled(
         ws_acc = ws_stat = q.new_empty((1,), dtype=torch.float32)
     num_tree_cols = tree_keys.shape[1]
     pdl = use_pdl(q)
+    # 128-byte lines per K (or V) row, for the prefix prefetch of a dependent launch
+    lines = max(1, head_dim * k_cache.element_size() // 128) if pdl and prefetch_enabled() else 0
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
     _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
@@ -287,8 +324,9 @@ def tree_attention_tiled(
         out.stride(0), out.stride(1), num_splits,
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
-        DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl, num_warps=4,
-        num_stages=3, **launch_kwargs(pdl),
+        DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
+        PREFETCH_LINES=lines, num_slots=k_cache.shape[0], pool_len=k_cache.shape[1],
+        num_warps=4, num_stages=3, **launch_kwargs(pdl),
     )
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](

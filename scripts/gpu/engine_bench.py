@@ -5,9 +5,10 @@ Stages (comma list, `--stages`):
             bf16 with batch-invariant kernels: tokens compared with ar's (and the speeds)
   speed     tok/s per mode at batch 1 side by side: ar, linear, tree@{15,16,32,64},
             shadow@64, plus variants (`--speed-variants`): ar with the generic tree walk,
-            ar / tree@32 without the SwiGLU epilogue, without dependent launches (no PDL)
-            or with the fused norm/SwiGLU prologues, ar / tree@64 with the batch-invariant
-            GEMMs off (cuBLAS); and transformers' static-cache `generate` on the prompts
+            ar / tree@32 without the SwiGLU epilogue, without dependent launches (no PDL),
+            without their L2 prefetches (no prefetch) or with the fused norm/SwiGLU
+            prologues, ar / tree@64 with the batch-invariant GEMMs off (cuBLAS); and
+            transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
   acceptance  the acceptance table: every held-out set x T in {0, 1} x linear and tree
@@ -38,7 +39,7 @@ import torch
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
-from ddtree.kernels.launch import set_pdl
+from ddtree.kernels.launch import set_pdl, set_prefetch
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
@@ -219,26 +220,28 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
     rows: dict[str, Any] = {}
     # (row suffix, invariant GEMMs, fused norm/SwiGLU prologues, the short greedy ar round,
-    # the SwiGLU epilogue, dependent launches, modes). The other invariant rows are compared
-    # with the plain ar tokens (none may change a bit); cuBLAS rows with cuBLAS ar (not
-    # batch invariant).
-    variants = (("", True, False, True, True, True, ("ar", "linear", "tree@15", "tree@15k8",
-                                                     "tree@16", "tree@32", "tree@64",
-                                                     "tree@128", "shadow@16", "shadow@64")),
-                (" (generic ar)", True, False, False, True, True, ("ar",)),
-                (" (no epilogue)", True, False, True, False, True, ("ar", "tree@32")),
-                (" (no PDL)", True, False, True, True, False, ("ar", "tree@32")),
-                (" (fused)", True, True, True, False, True, ("ar", "tree@32")),
-                (" (cuBLAS)", False, False, True, True, True, ("ar", "tree@64")))
+    # the SwiGLU epilogue, dependent launches, their L2 prefetches, modes). The other
+    # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
+    # rows with cuBLAS ar (not batch invariant).
+    variants = (("", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@15", "tree@15k8", "tree@16", "tree@32", "tree@64",
+                  "tree@128", "shadow@16", "shadow@64")),
+                (" (generic ar)", True, False, False, True, True, True, ("ar",)),
+                (" (no epilogue)", True, False, True, False, True, True, ("ar", "tree@32")),
+                (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
+                (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
+                (" (fused)", True, True, True, False, True, True, ("ar", "tree@32")),
+                (" (cuBLAS)", False, False, True, True, True, True, ("ar", "tree@64")))
     wanted = set(args.speed_modes.split(",")) if args.speed_modes else None
     kinds = set(args.speed_variants.split(","))
     ar_tokens = None
-    for suffix, invariant, fused, fast_ar, epilogue, pdl, names in variants:
+    for suffix, invariant, fused, fast_ar, epilogue, pdl, prefetch, names in variants:
         kind = suffix.strip(" ()") or "plain"
         names = tuple(n for n in names if wanted is None or n in wanted or n == "ar")
         if kind not in kinds or not names:
             continue
-        pdl_before = set_pdl(pdl)  # graphs keep the launches they were captured with
+        # graphs keep the launches they were captured with
+        launches_before = set_pdl(pdl), set_prefetch(prefetch)
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue))
@@ -256,7 +259,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{key:>18}: {run['tok_s']:8.1f} tok/s  tau {run['tau']:.2f}  "
                   f"=ar {rows[key]['same_as_ar']}", flush=True)
         del engine
-        set_pdl(pdl_before)
+        set_pdl(launches_before[0])
+        set_prefetch(launches_before[1])
     rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
     print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s", flush=True)
     return rows
@@ -429,7 +433,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--speed-modes", default="", help="speed stage: these modes only "
                         "(comma-separated, ar always; default all)")
     parser.add_argument("--speed-variants",
-                        default="plain,generic ar,no epilogue,no PDL,fused,cuBLAS",
+                        default="plain,generic ar,no epilogue,no PDL,no prefetch,fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--load-tokens", type=int, default=128)

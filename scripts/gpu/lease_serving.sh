@@ -27,7 +27,10 @@
 #   call 14 (fifth session, after 1-3) dependent launches (PDL): the speed table with and
 #           without, every mode against ar, the load curves, continuous load in process and
 #           through `ddtree serve`, the round profile last
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|14   (results under $OUT)
+#   call 15 (after 1-3) PDL with and without the L2 prefetches, the demo GEMMs re-tuned
+#           under dependent launches (the new table in $OUT) and the speed table, every mode
+#           against ar, load curves and continuous load with it
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|15   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -212,6 +215,30 @@ PY
   timeout 100 python3 scripts/gpu/engine_bench.py --stages profile --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -12
   (cd "$OUT" && ls && tar -cf engine_json.tar $(ls engine_*.json profile*.txt 2>/dev/null) && rm -f engine_*.json profile*.txt)
+  mark done
+  ;;
+15)
+  stage_target
+  mark engine_bench speed: PDL, no PDL, no prefetch
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages speed --speed-modes linear,tree@32 \
+    --speed-variants "plain,no PDL,no prefetch" --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | tail -9
+  mv "$OUT/engine_speed.json" "$OUT/engine_speed_before_tuning.json"
+  mark tune the demo shapes
+  cp ddtree/kernels/linear_tuned.json "$OUT/linear_tuned_before.json"
+  timeout 150 python3 scripts/gpu/tune_linear.py --shapes smollm2,drafter --seconds-per-shape 10 2>&1 | tail -9
+  cp ddtree/kernels/linear_tuned.json "$OUT/linear_tuned.json"
+  mark engine_bench speed, exact with the new table
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
+    --speed-variants plain --target $T --humaneval $H 2>&1 | grep -v Warn | grep -v " c[18]: =6/6" | tail -6
+  mark load curves
+  timeout 100 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -17
+  mark bench in process
+  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
+  serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json linear_tuned*.json && rm -f engine_*.json linear_tuned*.json)
   mark done
   ;;
 7)

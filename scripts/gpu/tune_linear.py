@@ -5,7 +5,9 @@ Each candidate tiling is timed inside a CUDA graph (what the engine replays) at 
 counts of decoding and verifying (T = 1, 16, 65, 260); the score is their sum. A candidate
 is kept only if its rows are bitwise the same at every T (the point of the kernel) and it
 is as accurate as the default. The tiling stays a function of the weight alone.
-Usage: python3 scripts/gpu/tune_linear.py [--out FILE]   (prints a table, writes JSON)
+Timed as the engine launches it (dependent launches on sm_90+, ddtree/kernels/launch.py).
+Usage: python3 scripts/gpu/tune_linear.py [--out FILE] [--shapes smollm2,drafter]
+(prints a table, writes JSON)
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ REPLAYS = 20
 def candidates(in_features: int) -> list[LinearConfig]:
     out = []
     for block_n, block_k, split_k, stages in product((32, 64, 128), (64, 128), (1, 2, 3, 4),
-                                                     (3, 4)):
+                                                     (3, 4, 5)):
         if in_features // block_k < 2 * split_k:
             continue
         out.append(LinearConfig(64, block_n, block_k, split_k, 4, stages))
@@ -116,10 +118,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=TUNED_PATH)
     parser.add_argument("--seconds-per-shape", type=float, default=8.0)
+    parser.add_argument("--shapes", default="",
+                        help="comma list of name prefixes to tune (default all); the other "
+                             "shapes keep the table's entries")
     args = parser.parse_args(argv)
-    table: dict[str, dict[str, int]] = {}
+    prefixes = tuple(filter(None, args.shapes.split(",")))
+    table: dict[str, dict[str, int]] = (
+        json.loads(args.out.read_text()) if prefixes and args.out.exists() else {})
     print(f"{'shape':<18}{'default us':>12}{'tuned us':>10}  tiling (sum over T={ROWS})")
     for name, out_features, in_features, out_dtype in SHAPES:
+        if prefixes and not name.startswith(prefixes):
+            continue
         best, before, after = tune(name, out_features, in_features, out_dtype,
                                    args.seconds_per_shape)
         table[tuned_key(out_features, in_features, torch.bfloat16)] = best.__dict__

@@ -137,8 +137,10 @@ MEMORY_OP = re.compile(r"^\s*(ld|st|atom|red)\.global", re.MULTILINE)
 
 def pdl_report(pdl: bool) -> list[dict[str, object]]:
     """Compiles every launcher with dependent launches forced on or off; per kernel: the
-    launch flag, how many grid-dependency waits / launch_dependents the PTX holds, and
-    whether the wait precedes the first global memory access."""
+    launch flag, how many grid-dependency waits / launch_dependents the PTX holds,
+    whether the wait precedes the first global memory access (else how many global loads
+    and writes come before it), and whether an L2 prefetch
+    (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
     modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention)
     saved = [module.use_pdl for module in modules]
     for module in modules:
@@ -153,13 +155,17 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
         ptx = kernel.asm["ptx"]  # type: ignore[attr-defined]
         first_access = MEMORY_OP.search(ptx)
         wait = ptx.find("griddepcontrol.wait")
+        before = [op.group(1) for op in MEMORY_OP.finditer(ptx[:max(wait, 0)])]
         report.append({
             "kernel": name, "launch_pdl": bool(kernel.metadata.launch_pdl),  # type: ignore[attr-defined]
             "waits": ptx.count("griddepcontrol.wait"),
             "launch_dependents": ptx.count("griddepcontrol.launch_dependents"),
             "wait_before_memory": wait >= 0 and (first_access is None
                                                  or wait < first_access.start()),
+            "loads_before_wait": before.count("ld"),
+            "writes_before_wait": len(before) - before.count("ld"),
             "wait_before_launch": 0 <= wait < ptx.find("griddepcontrol.launch_dependents"),
+            "prefetch_before_wait": 0 <= ptx.find("prefetch.global.L2") < wait,
         })
     return report
 

@@ -18,6 +18,7 @@ from ddtree.kernels import launch
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"_linear_kernel", "_split_k_reduce_kernel", "_rms_norm_kernel", "_rope_store_kernel",
            "_silu_mul_kernel", "_tree_attention_split_kernel", "_tree_attention_combine_kernel"}
+PREFETCHING = {"_linear_kernel", "_tree_attention_split_kernel"}
 
 
 def test_the_cpu_and_the_interpreter_never_launch_dependently() -> None:
@@ -53,10 +54,20 @@ def test_every_kernel_waits_for_the_previous_one_before_any_memory_access() -> N
     for row in _report(pdl=True):
         assert row["launch_pdl"], row
         assert row["waits"] == 1 and row["launch_dependents"] == 1, row
-        assert row["wait_before_memory"] and row["wait_before_launch"], row
+        assert row["wait_before_launch"] and row["writes_before_wait"] == 0, row
+        if row["kernel"] == "_tree_attention_split_kernel":
+            # its pool row and prefix length, clamped into the pool, address the prefetch
+            # only; every load the result depends on follows the wait
+            assert row["loads_before_wait"] == 2, row
+        else:
+            assert row["wait_before_memory"], row
+        # the GEMMs ask for their weights (never written by a kernel) and tree attention
+        # for its prefix K/V before they wait
+        assert row["prefetch_before_wait"] == (row["kernel"] in PREFETCHING), row
 
 
 def test_without_pdl_the_kernels_carry_no_grid_dependency_control() -> None:
     for row in _report(pdl=False):
         assert not row["launch_pdl"], row
         assert row["waits"] == 0 and row["launch_dependents"] == 0, row
+        assert not row["prefetch_before_wait"], row
