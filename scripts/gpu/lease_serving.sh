@@ -30,7 +30,9 @@
 #   call 15 (after 1-3) PDL with and without the L2 prefetches, the demo GEMMs re-tuned
 #           under dependent launches (the new table in $OUT) and the speed table, every mode
 #           against ar, load curves and continuous load with it
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|15   (results under $OUT)
+#   call 16 (after 1-3) the Qwen3-8B shapes with and without dependent launches, the round
+#           profile and the remote drafter's round split with them
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|16   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -239,6 +241,23 @@ PY
   serve_bench || exit 3
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json linear_tuned*.json && rm -f engine_*.json linear_tuned*.json)
+  mark done
+  ;;
+16)
+  stage_target
+  mark shapes8b, PDL
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | tail -12
+  mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_pdl.json"
+  mark shapes8b, no PDL
+  DDTREE_PDL=0 timeout 200 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
+    --humaneval $H 2>&1 | grep -v Warn | tail -12
+  mark profile
+  timeout 100 python3 scripts/gpu/engine_bench.py --stages profile --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | grep "^profile"
+  mark remote profile
+  remote_profile 2>&1 | tee "$OUT/remote_profile.txt" | tail -5
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json profile*.txt && rm -f engine_*.json profile*.txt)
   mark done
   ;;
 7)
