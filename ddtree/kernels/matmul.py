@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ddtree.kernels.launch import (
     launch_kwargs,
+    prefetch_blocks,
     prefetch_enabled,
     prefetch_l2,
     use_pdl,
@@ -106,10 +107,10 @@ def default_linear_config(out_features: int, in_features: int,
     return LinearConfig(block_m, block_n, block_k, split_k, warps, stages)
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "num_prefetch"])
 def _linear_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, r_ptr, nw_ptr, h_ptr, num_rows, N, K,
-    blocks_per_split, eps, stride_xm, stride_rm, stride_hm, stride_wn, stride_om,
+    blocks_per_split, num_prefetch, eps, stride_xm, stride_rm, stride_hm, stride_wn, stride_om,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -128,7 +129,8 @@ def _linear_kernel(
     last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
     if PREFETCH_LINES > 0:  # dependent launch: this program's weight lines into L2 while
         # the previous kernel finishes (no kernel writes weights: safe before the wait)
-        _prefetch_weights(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
+        _prefetch_weights(w_ptr, cols, col_mask, first_block,
+                          tl.minimum(last_block, first_block + num_prefetch), N, K, stride_wn,
                           BLOCK_K, PREFETCH_LINES, EPILOGUE)
     wait_for_inputs(USE_PDL)
     if PROLOGUE == NORM:  # every program needs its rows' statistics over all of K
@@ -178,8 +180,9 @@ def _linear_kernel(
 @triton.jit
 def _prefetch_weights(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
                       BLOCK_K: tl.constexpr, LINES: tl.constexpr, EPILOGUE: tl.constexpr):
-    """One L2 prefetch per 128-byte line of the (BLOCK_N, K range) weight rows this
-    program reads (LINES lines per BLOCK_K; the up rows too under the SwiGLU epilogue).
+    """One L2 prefetch per 128-byte line of the (BLOCK_N, K blocks [first_block,
+    last_block)) weight rows this program reads first (LINES lines per BLOCK_K; the up
+    rows too under the SwiGLU epilogue).
     Addresses past the weight fall back to the row's start (still a valid address)."""
     row_start = tl.where(col_mask, cols, 0).to(tl.int64) * stride_wn  # (BN,)
     line_k = tl.arange(0, LINES) * (BLOCK_K // LINES)  # (LINES,) first element of each line
@@ -289,12 +292,15 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     # 128-byte lines per BLOCK_K of a weight row, for the prefetch of a dependent launch
     lines = (max(1, config.block_k * weight.element_size() // 128)
              if pdl and prefetch_enabled() else 0)
+    # the first K blocks of each split within the L2 budget (all of a small weight)
+    num_prefetch = prefetch_blocks(
+        weight.shape[0] * config.block_k * weight.element_size() * split_k, blocks_per_split)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
     _linear_kernel[grid](
         x, weight, bias_arg, out, part, source,
         norm_weight if norm_weight is not None else weight, h if h is not None else out,
-        num_rows, out_features, in_features, blocks_per_split, eps, x.stride(0),
+        num_rows, out_features, in_features, blocks_per_split, num_prefetch, eps, x.stride(0),
         source.stride(0), h.stride(0) if h is not None else 0, weight.stride(0),
         out.stride(0), PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ddtree.kernels.launch import (
     launch_kwargs,
+    prefetch_blocks,
     prefetch_enabled,
     prefetch_l2,
     use_pdl,
@@ -142,17 +143,18 @@ def _attend_block(q, k_base, v_base, slot, valid, m_i, l_i, acc, scale_log2, str
 
 @triton.jit
 def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, start,
-                     num_slots, pool_len, stride_ks, stride_kp, stride_kh, stride_vs,
+                     num_positions, num_slots, pool_len, stride_ks, stride_kp, stride_kh, stride_vs,
                      stride_vp, stride_vh, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
                      SPLIT: tl.constexpr, LINES: tl.constexpr):
     """L2 prefetches of the K and V rows (LINES 128-byte lines each) of the prefix
-    positions in [start, start + SPLIT) of query t's pool row, before the kernel waits
-    for the previous one. Only addresses depend on the metadata read here: the slot and
-    positions are clamped into the pool, so the prefetch is harmless even if the
-    metadata were not yet final (the real loads follow the wait)."""
+    positions in [start, start + num_positions) (within the split) of query t's pool
+    row, before the kernel waits for the previous one. Only addresses depend on the
+    metadata read here: the slot and positions are clamped into the pool, so the
+    prefetch is harmless even if the metadata were not yet final (the real loads follow
+    the wait)."""
     slot = tl.minimum(tl.maximum(tl.load(query_slot_ptr + t).to(tl.int64), 0), num_slots - 1)
-    end = tl.minimum(tl.minimum(tl.load(prefix_len_ptr + t).to(tl.int32), start + SPLIT),
-                     pool_len)
+    end = tl.minimum(tl.minimum(tl.load(prefix_len_ptr + t).to(tl.int32),
+                                start + tl.minimum(num_positions, SPLIT)), pool_len)
     k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
     line = tl.arange(0, LINES) * (HEAD_DIM // LINES)  # (LINES,) first element of each line
@@ -162,8 +164,8 @@ def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, s
         prefetch_l2(v_base + pos[:, None] * stride_vp + line[None, :])
 
 
-@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_slots",
-                             "pool_len"])
+@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_prefetch",
+                             "num_slots", "pool_len"])
 def _tree_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
     query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
@@ -173,16 +175,16 @@ def _tree_attention_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PREFETCH_LINES: tl.constexpr = 0, num_slots=1, pool_len=1,
+    PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, num_slots=1, pool_len=1,
 ):
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if PREFETCH_LINES > 0:  # dependent launch: this split's prefix K/V lines into L2
         _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head,
-                         split * SPLIT, num_slots, pool_len, stride_ks, stride_kp, stride_kh,
-                         stride_vs, stride_vp, stride_vh, HEAD_DIM, BLOCK, SPLIT,
-                         PREFETCH_LINES)
+                         split * SPLIT, num_prefetch, num_slots, pool_len, stride_ks,
+                         stride_kp, stride_kh, stride_vs, stride_vp, stride_vh, HEAD_DIM,
+                         BLOCK, SPLIT, PREFETCH_LINES)
     wait_for_inputs(USE_PDL)
     prefix = tl.load(prefix_len_ptr + t).to(tl.int32)
     total = prefix + tl.load(num_tree_keys_ptr + t).to(tl.int32)
@@ -314,6 +316,10 @@ def tree_attention_tiled(
     pdl = use_pdl(q)
     # 128-byte lines per K (or V) row, for the prefix prefetch of a dependent launch
     lines = max(1, head_dim * k_cache.element_size() // 128) if pdl and prefetch_enabled() else 0
+    # the first key blocks of each split within the L2 budget (K and V of every query)
+    num_prefetch = block_n * prefetch_blocks(
+        2 * num_queries * num_kv_heads * num_splits * block_n * head_dim * k_cache.element_size(),
+        split_size // block_n)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
     _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
@@ -325,7 +331,8 @@ def tree_attention_tiled(
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
-        PREFETCH_LINES=lines, num_slots=k_cache.shape[0], pool_len=k_cache.shape[1],
+        PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
+        pool_len=k_cache.shape[1],
         num_warps=4, num_stages=3, **launch_kwargs(pdl),
     )
     if num_splits > 1:

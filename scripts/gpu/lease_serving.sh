@@ -32,7 +32,9 @@
 #           against ar, load curves and continuous load with it
 #   call 16 (after 1-3) the Qwen3-8B shapes with and without dependent launches, the round
 #           profile and the remote drafter's round split with them
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|16   (results under $OUT)
+#   call 17 (after 1-3) the prefetch within an L2 budget: the 8B shapes with PDL, without its
+#           prefetches and without PDL; the demo's speed table with and without
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|17   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -258,6 +260,24 @@ PY
   mark remote profile
   remote_profile 2>&1 | tee "$OUT/remote_profile.txt" | tail -5
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json profile*.txt && rm -f engine_*.json profile*.txt)
+  mark done
+  ;;
+17)
+  stage_target
+  for variant in pdl noprefetch nopdl; do
+    mark shapes8b $variant
+    case $variant in
+      pdl) envs="" ;; noprefetch) envs="DDTREE_PDL_PREFETCH=0" ;; nopdl) envs="DDTREE_PDL=0" ;;
+    esac
+    env $envs timeout 100 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep "^8B"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$variant.json"
+  done
+  mark engine_bench speed
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
+    --speed-variants "plain,no PDL,no prefetch" --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -10
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
   mark done
   ;;
 7)
