@@ -51,3 +51,30 @@ def test_rejects_a_weight_of_another_dtype() -> None:
     x, _, weight = inputs(2, 64, torch.float16)
     with pytest.raises(AssertionError):
         rms_norm(x, weight.float(), 1e-6)
+
+
+def fixed_order_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 RMSNorm with the sum of squares in the order prologues.sum_squares fixes:
+    lane j (of 64) adds columns j, j + 64, j + 128, ... one after the other, then a
+    pairwise tree adds neighbouring lanes; 1 / sqrt as the interpreter's rsqrt."""
+    rows, hidden = h.shape
+    chunks = -(-hidden // 64)
+    padded = torch.zeros(rows, chunks * 64, dtype=torch.float32)
+    padded[:, :hidden] = h
+    acc = torch.zeros(rows, 64, dtype=torch.float32)
+    for c in range(chunks):
+        part = padded[:, c * 64:(c + 1) * 64]
+        acc = acc + part * part
+    while acc.shape[1] > 1:
+        acc = acc[:, 0::2] + acc[:, 1::2]
+    rstd = 1 / torch.sqrt(acc[:, 0] / hidden + eps)
+    return weight * (h * rstd[:, None])
+
+
+@pytest.mark.parametrize("hidden", [576, 1000, 4096])
+def test_the_sum_of_squares_keeps_its_fixed_order(hidden: int) -> None:
+    # the loads are grouped (prologues.NORM_UNROLL chunks at once): the additions must
+    # stay chunk after chunk, so the bits equal the order the fused GEMM prologue uses
+    x, _, weight = inputs(3, hidden, torch.float32)
+    normed, _ = rms_norm(x, weight, 1e-6)
+    assert torch.equal(normed, fixed_order_norm(x, weight, 1e-6))
