@@ -34,7 +34,10 @@
 #           profile and the remote drafter's round split with them
 #   call 17 (after 1-3) the prefetch within an L2 budget: the 8B shapes with PDL, without its
 #           prefetches and without PDL; the demo's speed table with and without
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|17   (results under $OUT)
+#   call 18 (after 1-3) the final state of the fifth session: the 8B shapes with and without
+#           PDL, speed and exact, load curves, continuous load in process and through
+#           `ddtree serve`
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|18   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -277,6 +280,29 @@ PY
   timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
     --speed-variants "plain,no PDL,no prefetch" --target $T --humaneval $H 2>&1 \
     | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -10
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
+18)
+  stage_target
+  for variant in pdl nopdl; do
+    mark shapes8b $variant
+    [ $variant = nopdl ] && envs="DDTREE_PDL=0" || envs=""
+    env $envs timeout 100 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep "^8B"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$variant.json"
+  done
+  mark engine_bench speed, exact
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
+    --speed-variants "plain,no PDL" --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -9
+  mark load curves
+  timeout 100 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -17
+  mark bench in process
+  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
+  serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
   mark done
   ;;
