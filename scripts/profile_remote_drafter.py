@@ -213,8 +213,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
-    parser.add_argument("--alternate", default="on", choices=("on", "off", "both"),
-                        help="the engine's alternating halves (EngineConfig.alternate)")
+    parser.add_argument("--alternate", default="off", choices=("on", "off", "both"),
+                        help="the engine's alternating halves (EngineConfig.alternate; off "
+                             "by default, as in the engine)")
     parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     parser.add_argument("--target", type=Path, default=None, help="a target folder "
                         "(with --drafter; default: --pair's target/)")
