@@ -84,6 +84,16 @@ serve_bench() {  # [tag]: `ddtree serve`, then load_bench through it, its metric
   kill $S; wait $S 2>/dev/null
 }
 
+curves_and_serving() {  # load curves, continuous load in process and through `ddtree serve`
+  mark load curves
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -17
+  mark bench in process
+  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
+  serve_bench || return 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+}
+
 remote_profile() {  # [args]: the remote drafter's round split on the GPU (one process, loopback gRPC)
   PYTHONPATH=.:$PYTHONPATH timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
     --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128 "$@"
@@ -196,13 +206,7 @@ PY
   timeout 330 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
     --speed-variants "plain,generic ar,no epilogue" --target $T --humaneval $H 2>&1 \
     | grep -v Warn | grep -v " c[18]: =6/6" | tail -14
-  mark load curves
-  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -17
-  mark bench in process
-  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
-  serve_bench || exit 3
-  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  curves_and_serving || exit 3
   mark done
   ;;
 14)
@@ -211,13 +215,7 @@ PY
   timeout 300 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
     --speed-variants "plain,no PDL" --target $T --humaneval $H 2>&1 \
     | grep -v Warn | grep -v " c[18]: =6/6" | tail -14
-  mark load curves
-  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -17
-  mark bench in process
-  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
-  serve_bench || exit 3
-  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  curves_and_serving || exit 3
   mark profile
   timeout 100 python3 scripts/gpu/engine_bench.py --stages profile --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -12
@@ -238,13 +236,7 @@ PY
   mark engine_bench speed, exact with the new table
   timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
     --speed-variants plain --target $T --humaneval $H 2>&1 | grep -v Warn | grep -v " c[18]: =6/6" | tail -6
-  mark load curves
-  timeout 100 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -17
-  mark bench in process
-  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
-  serve_bench || exit 3
-  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  curves_and_serving || exit 3
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json linear_tuned*.json && rm -f engine_*.json linear_tuned*.json)
   mark done
   ;;
@@ -296,13 +288,7 @@ PY
   timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
     --speed-variants "plain,no PDL" --target $T --humaneval $H 2>&1 \
     | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -9
-  mark load curves
-  timeout 100 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -17
-  mark bench in process
-  load_bench --target $T --drafter $D 2>&1 | tee "$OUT/bench_inprocess.txt" | tail -5
-  serve_bench || exit 3
-  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  curves_and_serving || exit 3
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
   mark done
   ;;
