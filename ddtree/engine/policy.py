@@ -142,6 +142,27 @@ class BudgetPolicy:
             return False
         return ar_rate > AR_MARGIN * best
 
+    def snapshot(self) -> dict[str, object]:
+        """What the policy believes, for logs and benchmarks: per batch bucket, each
+        choice's measured cost, traffic cost (and its rounds), the expected throughput
+        and whether ar is preferred; per choice the acceptance length (and its rounds)."""
+        batches = sorted({b for b, _ in self._measured} | {b for b, _ in self._cost})
+        per_batch: dict[str, object] = {}
+        for batch in batches:
+            rows = {}
+            for choice in (0, *self.choices):
+                traffic = self._cost.get((batch, choice))
+                rows[str(choice)] = {
+                    "measured_ms": _ms(self._measured.get((batch, choice))),
+                    "traffic_ms": _ms(traffic.value if traffic is not None else None),
+                    "traffic_rounds": traffic.count if traffic is not None else 0,
+                    "tokens_per_s": round(self.throughput(batch, choice), 1),
+                }
+            per_batch[str(batch)] = {"choices": rows, "prefers_ar": self.prefers_ar(batch)}
+        tau = {str(c): {"tau": round(a.value, 3), "rounds": a.count}
+               for c, a in sorted(self._tau.items())}
+        return {"batches": per_batch, "tau": tau, "round": self._round}
+
     def observe(self, batch: int, num_nodes: int, seconds: float,
                 acceptance_lengths: list[int]) -> None:
         """One round at batch bucket `batch` with node bucket `num_nodes` took `seconds`;
@@ -150,3 +171,7 @@ class BudgetPolicy:
         self._cost.setdefault((batch, num_nodes), _Average()).add(seconds, self._round)
         for length in acceptance_lengths:
             self._tau.setdefault(num_nodes, _Average()).add(float(length), self._round)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1e3 * seconds, 4)

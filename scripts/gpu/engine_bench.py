@@ -304,6 +304,8 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
             rows[f"{name}/c{concurrency}"] = {"tok_s": round(rate, 1), "tau": round(run["tau"], 3)}
             print(f"{name:>8} c{concurrency:<3}: {rate:9.1f} tok/s total  tau {run['tau']:.2f}",
                   flush=True)
+    if engine.policy is not None:  # what `auto` believed: measured and traffic costs, tau
+        rows["auto/policy"] = engine.policy.snapshot()
     return rows
 
 

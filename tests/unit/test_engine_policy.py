@@ -224,3 +224,19 @@ def test_measured_rounds_attend_to_the_rows_mean_context(pair, monkeypatch) -> N
     assert engine.policy is not None and engine.policy.is_measured(2)
     context = (7 + 20 + 3 + 20) // 2
     assert seen and set(seen) == {context}, seen
+
+
+def test_the_snapshot_says_what_the_policy_believes() -> None:
+    policy = BudgetPolicy(depth=15, max_budget=32)
+    policy.measure(1, 0, 0.001)
+    cost = {15: 0.002, 16: 0.0021, 32: 0.0022}
+    tau = {15: 2.0, 16: 3.0, 32: 3.0}
+    feed(policy, 1, cost, tau, 3 * MIN_SAMPLES)
+    snapshot = policy.snapshot()
+    row = snapshot["batches"]["1"]  # type: ignore[index]
+    assert row["choices"]["0"]["measured_ms"] == 1.0 and row["choices"]["0"]["traffic_rounds"] == 0
+    assert row["choices"]["16"] == {"measured_ms": None, "traffic_ms": 2.1,
+                                    "traffic_rounds": MIN_SAMPLES, "tokens_per_s": 1428.6}
+    assert row["prefers_ar"] is False  # 1000 tok/s per row vs 1428.6 for the best tree
+    assert snapshot["tau"]["32"] == {"tau": 3.0, "rounds": 2 * MIN_SAMPLES}  # type: ignore[index]
+    assert snapshot["round"] == 3 * MIN_SAMPLES
