@@ -249,11 +249,13 @@ async def _as_available(messages: AsyncGenerator[verifier_pb2.GenerateResponse, 
             batch: list[verifier_pb2.GenerateResponse] = []
             item = await queue.get()
             while True:
-                if item is _END or isinstance(item, Exception):
+                if item is _END:
                     if batch:
                         yield batch
-                    if item is _END:
-                        return
+                    return
+                if isinstance(item, Exception):
+                    if batch:
+                        yield batch
                     raise item
                 batch.append(item)
                 if queue.empty():
