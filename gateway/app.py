@@ -68,7 +68,7 @@ def build_state(
         byte_table(encoder.tokenizer, skip)
     model = config.model_name or Path(config.tokenizer).resolve().name
     defaults = Defaults(model, load_sampling_defaults(config.tokenizer),
-                        config.stream_granularity, config.max_n)
+                        config.stream_granularity, config.max_n, config.merge_when_behind)
     return GatewayState(config, client, encoder, TokenNames(encoder.tokenizer), Metrics(model),
                         defaults, created=int(time.time()))
 

@@ -31,6 +31,9 @@ class GatewayConfig:
     # "round": one SSE event per verify round (several tokens); "token": one per token, for
     # benchmark tools that count chunks. A request may override it (`ddtree.stream_granularity`).
     stream_granularity: Granularity = "round"
+    # Round granularity: the verifier messages that arrived while the last event was being
+    # sent go out as one event (a busy gateway sends fewer, larger events); off: one each.
+    merge_when_behind: bool = True
     max_n: int = 16  # largest `n` (x prompts) one request may ask for
     request_timeout_s: float = 600.0  # deadline of one Generate call
     rpc_timeout_s: float = 5.0  # deadline of Abort and GetModelInfo
@@ -93,6 +96,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument(
         "--stream-granularity", choices=GRANULARITIES, default=get("STREAM_GRANULARITY", "round")
     )
+    parser.add_argument("--merge-when-behind", action=argparse.BooleanOptionalAction,
+                        default=get("MERGE_WHEN_BEHIND", "1") not in ("0", "false", "off"),
+                        help="round granularity: messages that queued while the last event "
+                             "was sent go out as one event (default on)")
     parser.add_argument("--max-n", type=int, default=int(get("MAX_N", "16")))
     parser.add_argument(
         "--request-timeout-s", type=float, default=float(get("REQUEST_TIMEOUT_S", "600"))

@@ -98,8 +98,8 @@ class ChoiceRun:
         self.metrics.in_flight.labels(self.metrics.model_name).inc()
         try:
             async with aclosing(self.client.generate(self.request)) as messages:
-                batches = (_one_by_one(messages) if self.output.granularity == "token"
-                           else _as_available(messages))
+                merges = self.output.granularity == "round" and self.output.merge_when_behind
+                batches = _as_available(messages) if merges else _one_by_one(messages)
                 async with aclosing(batches):
                     async for batch in batches:
                         deltas: list[ChoiceDelta] = []

@@ -56,6 +56,8 @@ class OutputOptions:
     include_stop_str: bool = False
     skip_special_tokens: bool = True
     granularity: Granularity = "round"
+    # round granularity: messages that queued while an event was sent go out as one event
+    merge_when_behind: bool = True
     is_logprobs: bool = False
     return_token_ids: bool = False
     is_echo: bool = False  # completions: the prompt's text (and logprobs) come first
@@ -87,6 +89,7 @@ class Defaults:
     sampling: dict[str, float]
     granularity: Granularity
     max_n: int
+    merge_when_behind: bool = True
 
 
 def check_unicode(value: Any, param: str = "") -> None:
@@ -222,6 +225,7 @@ def _output(body: SamplingFields, defaults: Defaults, is_logprobs: bool) -> Outp
         include_stop_str=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
         granularity=granularity,
+        merge_when_behind=defaults.merge_when_behind,
         is_logprobs=is_logprobs,
         return_token_ids=body.return_token_ids,
     )

@@ -37,7 +37,10 @@
 #   call 18 (after 1-3) the final state of the fifth session: the 8B shapes with and without
 #           PDL, speed and exact, load curves, continuous load in process and through
 #           `ddtree serve`
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|18   (results under $OUT)
+#   call 19 (after 1-3; written after lease 7, not yet run) the gateway's merge-when-behind:
+#           `ddtree serve` with and without it (DDTREE_MERGE_WHEN_BEHIND=0), twice each,
+#           interleaved, one repeat per run
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|19   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -290,6 +293,15 @@ PY
     | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -9
   curves_and_serving || exit 3
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
+19)
+  stage_target
+  for pass in 1 2; do
+    REPEATS=1 serve_bench _merge$pass || exit 3
+    DDTREE_MERGE_WHEN_BEHIND=0 REPEATS=1 serve_bench _nomerge$pass || exit 3
+  done
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   mark done
   ;;
 7)

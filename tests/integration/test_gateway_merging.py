@@ -98,3 +98,11 @@ async def _wait_idle(verifier: Verifier) -> bool:
         return False
     finally:
         await client.close()
+
+
+def test_without_merging_a_slow_consumer_gets_every_message(
+        verifier: Verifier, tiny_pair: Path) -> None:
+    output = OutputOptions(return_token_ids=True, merge_when_behind=False)
+    deltas, run = run_choice(verifier, tiny_pair, output, 0.02, "merge-off")
+    assert [t for d in deltas for t in d.token_ids] == run.result.token_ids
+    assert len(deltas) > MAX_TOKENS // 2  # one per verifier message (it merges a few)

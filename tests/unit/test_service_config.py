@@ -3,9 +3,12 @@ override the defaults; invalid settings stop the process with a usage error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from drafter_svc.config import parse_config as drafter_config
+from gateway.config import parse_config as gateway_config
 from verifier_svc.config import parse_config as verifier_config
 
 
@@ -125,3 +128,13 @@ def test_the_gil_switch_interval_comes_from_the_environment() -> None:
             configure_threads({"DDTREE_GIL_SWITCH_INTERVAL_S": "0"})
     finally:
         sys.setswitchinterval(before)
+
+
+def test_gateway_merge_when_behind_is_on_unless_the_flag_or_environment_says_off(
+        tmp_path: Path) -> None:
+    base = ["--verifier-addr", "127.0.0.1:1", "--target", str(tmp_path)]
+    assert gateway_config(base, {}).merge_when_behind
+    assert not gateway_config([*base, "--no-merge-when-behind"], {}).merge_when_behind
+    assert not gateway_config(base, {"DDTREE_MERGE_WHEN_BEHIND": "0"}).merge_when_behind
+    on_again = [*base, "--merge-when-behind"]
+    assert gateway_config(on_again, {"DDTREE_MERGE_WHEN_BEHIND": "0"}).merge_when_behind
