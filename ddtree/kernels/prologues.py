@@ -21,11 +21,6 @@ SWIGLU = tl.constexpr(2)  # x = [gate | up]; A = silu(gate) * up
 
 NORM_CHUNK = tl.constexpr(64)  # columns per step of the sum of squares
 NORM_CHUNK_LOG2 = tl.constexpr(6)  # pairwise levels: 2 ** 6 = NORM_CHUNK
-# Chunks the one-row norm kernel loads together before it adds them in order: the loads
-# of a runtime loop are not pipelined, so one chunk per iteration waited a memory latency
-# per 64 columns (64 waits a row at the 8B hidden size of 4,096). The order of the
-# additions does not depend on it; the GEMM prologue (64-row tiles) keeps 1 (registers).
-NORM_UNROLL = tl.constexpr(8)
 
 
 @triton.jit
@@ -40,29 +35,23 @@ def residual_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
 
 @triton.jit
 def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, stride_r,
-                stride_h, hidden, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
-                UNROLL: tl.constexpr = 1):
+                stride_h, hidden, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr):
     """rows: (ROWS,) -> (ROWS,) float32 sums of h * h over the `hidden` columns of those
     rows, h = `residual_sum`; with a residual, the rows where `store_rows` (ROWS,) holds
-    get h written to h_ptr on the way. Order: each of NORM_CHUNK lanes adds its columns
-    chunk after chunk, then a pairwise tree adds the lanes. Every addition has two fixed
-    operands, so the result does not depend on how a kernel lays the tile out in
-    registers. UNROLL chunks are loaded per loop iteration (the order of the additions
-    stays)."""
+    get h written to h_ptr on the way. Order: each of NORM_CHUNK lanes adds its columns chunk after
+    chunk, then a pairwise tree adds the lanes. Every addition has two fixed operands, so
+    the result does not depend on how a kernel lays the tile out in registers."""
     cols = tl.arange(0, NORM_CHUNK)
     acc = tl.zeros([ROWS, NORM_CHUNK], tl.float32)
-    for c_block in range(0, hidden, NORM_CHUNK * UNROLL):
-        for u in tl.static_range(UNROLL):  # chunk after chunk; a chunk past the row
-            c0 = c_block + u * NORM_CHUNK  # adds +0.0 (acc >= +0.0: no bit changes)
-            mask = row_mask[:, None] & ((c0 + cols) < hidden)[None, :]
-            offs = c0 + cols[None, :]
-            h = residual_sum(x_ptr + rows[:, None] * stride_x + offs,
-                             r_ptr + rows[:, None] * stride_r + offs, mask, HAS_RESIDUAL)
-            if HAS_RESIDUAL:
-                tl.store(h_ptr + rows[:, None] * stride_h + offs, h,
-                         mask=mask & store_rows[:, None])
-            h32 = h.to(tl.float32)
-            acc += h32 * h32
+    for c0 in range(0, hidden, NORM_CHUNK):
+        mask = row_mask[:, None] & ((c0 + cols) < hidden)[None, :]
+        offs = c0 + cols[None, :]
+        h = residual_sum(x_ptr + rows[:, None] * stride_x + offs,
+                         r_ptr + rows[:, None] * stride_r + offs, mask, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            tl.store(h_ptr + rows[:, None] * stride_h + offs, h, mask=mask & store_rows[:, None])
+        h32 = h.to(tl.float32)
+        acc += h32 * h32
     for _ in tl.static_range(NORM_CHUNK_LOG2):  # (ROWS, w) -> (ROWS, w / 2), unrolled
         left, right = tl.split(tl.reshape(acc, [ROWS, acc.shape[1] // 2, 2]))
         acc = left + right

@@ -9,13 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
-from ddtree.kernels.prologues import (
-    NORM_UNROLL,
-    inverse_rms,
-    residual_sum,
-    rms_scale,
-    sum_squares,
-)
+from ddtree.kernels.prologues import inverse_rms, residual_sum, rms_scale, sum_squares
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float,
@@ -42,7 +36,7 @@ def _rms_norm_kernel(
     # storing h on the way; then the whole row again for the output.
     one = tl.full([1], True, tl.int1)
     sum_sq = sum_squares(x_ptr, residual_ptr, h_ptr, row + tl.arange(0, 1), one, one,
-                         stride_x, stride_r, stride_h, hidden, HAS_RESIDUAL, 1, NORM_UNROLL)
+                         stride_x, stride_r, stride_h, hidden, HAS_RESIDUAL, 1)
     rstd = inverse_rms(sum_sq, hidden, eps)  # (1,)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden

@@ -73,8 +73,8 @@ def fixed_order_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
 
 @pytest.mark.parametrize("hidden", [576, 1000, 4096])
 def test_the_sum_of_squares_keeps_its_fixed_order(hidden: int) -> None:
-    # the loads are grouped (prologues.NORM_UNROLL chunks at once): the additions must
-    # stay chunk after chunk, so the bits equal the order the fused GEMM prologue uses
+    # the additions go chunk after chunk, then pairwise over the lanes: the order the
+    # fused GEMM prologue shares (prologues.sum_squares), pinned here
     x, _, weight = inputs(3, hidden, torch.float32)
     normed, _ = rms_norm(x, weight, 1e-6)
     assert torch.equal(normed, fixed_order_norm(x, weight, 1e-6))
