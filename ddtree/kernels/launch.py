@@ -1,13 +1,14 @@
 """Programmatic dependent launch (PDL) for the project's Triton kernels.
 
 A decoding step is ~270 small kernels back to back (a 135M-parameter forward at batch 1
-is latency-bound: the weights read in ~0.06 ms, the step takes ~1.2 ms). Without PDL each
+is latency-bound: the weights read in ~0.06 ms, the step took ~1.2 ms). Without PDL each
 kernel is scheduled only after the one before it has fully drained, so every boundary
 costs the launch and the grid's ramp-up. On Hopper (sm_90) and later a kernel launched
 with the PDL attribute may become resident while the previous one is still finishing; it
 waits in `wait_for_inputs` (griddepcontrol.wait: the previous grid complete and its
-memory visible) before it reads or writes anything, and then lets the next kernel launch
-early in turn. The arithmetic is untouched, so results are bitwise those without PDL.
+memory visible) before it reads its inputs or writes anything, and then lets the next
+kernel launch early in turn. The arithmetic is untouched, so results are bitwise those
+without PDL (on the H200 the demo pair's ar step went from 1.19 to 0.93 ms).
 
 Every kernel launched with `launch_kwargs(...)` must call `wait_for_inputs` before any
 load its result depends on and before any store: the wait is what keeps a dependent
@@ -69,8 +70,8 @@ def pdl_enabled() -> bool:
 
 
 def set_prefetch(enabled: bool) -> bool:
-    """Turns the weight prefetch of dependently launched GEMMs on or off; returns the old
-    setting."""
+    """Turns the L2 prefetches of dependent launches (GEMM weights, attention prefix K/V)
+    on or off; returns the old setting."""
     global _prefetch
     previous, _prefetch = _prefetch, bool(enabled)
     return previous
@@ -103,9 +104,10 @@ def launch_kwargs(pdl: bool) -> dict[str, Any]:
 
 @triton.jit
 def wait_for_inputs(USE_PDL: tl.constexpr):
-    """First statement of every kernel launched with `launch_kwargs`: wait until the
-    previous kernel in the stream has completed and its writes are visible, then allow
-    the next kernel to be launched (it waits here in turn)."""
+    """Called by every kernel launched with `launch_kwargs` before any load its result
+    depends on and any store (after its L2 prefetches, if any): wait until the previous
+    kernel in the stream has completed and its writes are visible, then allow the next
+    kernel to be launched (it waits here in turn)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
