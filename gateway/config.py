@@ -97,7 +97,7 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
         "--stream-granularity", choices=GRANULARITIES, default=get("STREAM_GRANULARITY", "round")
     )
     parser.add_argument("--merge-when-behind", action=argparse.BooleanOptionalAction,
-                        default=get("MERGE_WHEN_BEHIND", "1") not in ("0", "false", "off"),
+                        default=get("MERGE_WHEN_BEHIND", "1") != "0",
                         help="round granularity: messages that queued while the last event "
                              "was sent go out as one event (default on)")
     parser.add_argument("--max-n", type=int, default=int(get("MAX_N", "16")))

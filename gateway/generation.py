@@ -106,7 +106,7 @@ class ChoiceRun:
                         for message in batch:
                             self.is_admitted = True
                             self._time(len(message.token_ids))
-                            deltas += self.consume(message)
+                            deltas += self._deltas_of(message)
                             if self.result.finish_reason is not None:
                                 if message.HasField("stats"):
                                     self.result.stats = message.stats
@@ -140,8 +140,13 @@ class ChoiceRun:
         return delta
 
     def consume(self, message: verifier_pb2.GenerateResponse) -> list[ChoiceDelta]:
-        """One verifier message (one or more rounds) -> one delta per token (the caller
-        may merge them)."""
+        """One verifier message (one or more rounds) -> its events at the output's
+        granularity, as `deltas` makes them from a message handled alone."""
+        return self._granular(self._deltas_of(message))
+
+    def _deltas_of(self, message: verifier_pb2.GenerateResponse) -> list[ChoiceDelta]:
+        """One verifier message -> one delta per token (accumulated into the result; the
+        caller merges them per event: `_granular`)."""
         index, deltas = self.result.index, []
         if self.echo_text is not None:
             deltas.append(self._echo(message))
@@ -158,7 +163,7 @@ class ChoiceRun:
             if is_stop:
                 self._add_text(delta, "", is_last=True)
                 delta.finish_reason = "stop"
-                return self._granular(self._accumulate(deltas))
+                return self._accumulate(deltas)
         if message.finish_reason:
             last = deltas[-1] if deltas else ChoiceDelta(index)
             if not deltas:
@@ -166,7 +171,7 @@ class ChoiceRun:
             text, is_stop = self.stops.feed(self.detokenizer.flush())
             self._add_text(last, text + ("" if is_stop else self.stops.flush()), is_last=True)
             last.finish_reason = "stop" if is_stop else message.finish_reason
-        return self._granular(self._accumulate(deltas))
+        return self._accumulate(deltas)
 
     def _accumulate(self, deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:
         for delta in deltas:
@@ -175,7 +180,8 @@ class ChoiceRun:
 
     def _granular(self, deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:
         """Token granularity: every token is an event, even one whose text is still held
-        back (tools count events as tokens). Round granularity: one event per message,
+        back (tools count events as tokens). Round granularity: one event for the deltas of
+        the messages handled together (`deltas`: one, or those that queued meanwhile),
         none when it has nothing to show."""
         if self.output.granularity == "token" or not deltas:
             return deltas

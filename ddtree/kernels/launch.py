@@ -49,12 +49,10 @@ def prefetch_blocks(bytes_per_block: int, num_blocks: int) -> int:
     return max(1, min(num_blocks, PREFETCH_BUDGET_BYTES // max(1, bytes_per_block)))
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "")
-
-
-_enabled = _env_flag("DDTREE_PDL")
-_prefetch = _env_flag("DDTREE_PDL_PREFETCH")
+_enabled = os.environ.get("DDTREE_PDL", "1") != "0"  # the services' `!= "0"` convention
+_prefetch = os.environ.get("DDTREE_PDL_PREFETCH", "1") != "0"
+# Read once, as triton does when it decorates the kernels (interpreted for the process).
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def set_pdl(enabled: bool) -> bool:
@@ -89,9 +87,7 @@ def _supports_pdl(device_index: int) -> bool:
 def use_pdl(tensor: torch.Tensor) -> bool:
     """Whether a kernel over `tensor`'s device launches dependently: a CUDA device of
     sm_90 or later, not the interpreter, and PDL not switched off."""
-    if not _enabled or tensor.device.type != "cuda":
-        return False
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if not _enabled or _INTERPRETED or tensor.device.type != "cuda":
         return False
     index = tensor.device.index
     return _supports_pdl(torch.cuda.current_device() if index is None else index)
