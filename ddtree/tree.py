@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ddtree.errors import InvalidArgumentError
+from ddtree.kernels import tree_build
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -75,7 +76,7 @@ def build_tree(
 
 def build_round_tree(
     draft_logits: Tensor, bonus: Tensor, num_nodes: int, budget: Tensor,
-    force_chain: Tensor, max_topk: Tensor,
+    force_chain: Tensor, max_topk: Tensor, kernels: bool = False,
 ) -> DraftTree:
     """One round's trees for a batch whose rows differ in mode and budget, in one static
     shape (B, 1 + num_nodes), no host sync.
@@ -86,11 +87,17 @@ def build_round_tree(
     >= L); max_topk: (B,) int64 branching cap per depth, 0 = none. Row b's first budget[b]
     nodes are exactly `build_tree(..., budget[b], max_topk[b])`'s nodes (or the chain plus
     the best others); nodes past them are padding (`valid` False, parent the root).
-    Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L."""
+    Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L.
+    With `kernels` everything after the vocabulary's top-K runs in one Triton kernel
+    (`ddtree.kernels.tree_build`: the same trees, bitwise)."""
     batch, num_levels, vocab = draft_logits.shape
     num_ranks = min(num_nodes, vocab)
     logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
     rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)
+    if kernels and tree_build.supports(num_nodes, num_ranks, num_levels):
+        tokens, parents, depth, valid, scores = tree_build.tree_from_ranks(
+            logp, rank_tokens, bonus, num_nodes, budget, force_chain, max_topk)
+        return DraftTree(tokens, parents, depth, scores=scores, valid=valid)
     rank = torch.arange(num_ranks, device=logp.device)
     capped = (max_topk[:, None] > 0) & (rank[None, :] >= max_topk[:, None])  # (B, K)
     rank_logp = logp.gather(-1, rank_tokens).masked_fill(capped[:, None, :], float("-inf"))

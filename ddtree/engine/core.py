@@ -37,7 +37,7 @@ from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
 from ddtree.engine.state import COMMITTED, RowParams, SlotAllocator, SlotState
-from ddtree.engine.timing import RoundTimer
+from ddtree.engine.timing import RoundTimer, round_cost
 from ddtree.errors import CapacityError, InvalidArgumentError
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.ops import Backend
@@ -117,6 +117,7 @@ class Engine:
         self._measures_policy = measure and isinstance(drafting, LocalDrafter)
         self._num_measurements = 0  # batch buckets measured for the policy so far
         self._in_flight: InFlight | None = None
+        self._last_round_end = 0.0  # when the host last saw a round complete
         # Alternating halves (a remote drafter, see `step`): each half's launched round,
         # each half's draft round asked for and not yet received, whose turn it is.
         self._flights: dict[int, InFlight] = {}
@@ -373,6 +374,9 @@ class Engine:
         """Waits for a launched round and turns its output table into results."""
         if flight.done is not None:
             flight.done.synchronize()
+        finished = time.perf_counter()
+        seconds = round_cost(flight.started, finished, self._last_round_end)
+        self._last_round_end = finished
         stages = dict(zip(("draft", "verify"), flight.timer.seconds(), strict=True))
         auto = [row for row in flight.rows if row.auto]
         outputs = self._harvest(flight.rows, flight.host.tolist(), flight.logits, flight.width,
@@ -380,8 +384,7 @@ class Engine:
         measured = flight.measurements != self._num_measurements  # the wait measures that
         if auto and self.policy is not None and not flight.captured and not measured:
             lengths = [row.num_pending for row in auto if row.auto]
-            self.policy.observe(flight.key.batch, flight.key.num_nodes,
-                                time.perf_counter() - flight.started, lengths)
+            self.policy.observe(flight.key.batch, flight.key.num_nodes, seconds, lengths)
         return outputs
 
     def _follow_policy(self, rows: list[Row], batch: int) -> None:

@@ -32,3 +32,13 @@ class RoundTimer:
             return [begin.elapsed_time(end) / 1000.0  # type: ignore[attr-defined]
                     for begin, end in pairs]
         return [float(end) - float(begin) for begin, end in pairs]  # type: ignore[arg-type]
+
+
+def round_cost(started: float, finished: float, previous_end: float) -> float:
+    """What a round cost the engine's throughput, from host clock readings: its launch,
+    the moment the host saw it complete, and when the host saw the round before complete.
+    A pipelined round is launched while the previous one still runs, so the time since its
+    launch would count the end of the previous round too (twice the cost of a GPU-bound
+    round: `auto` then judged trees, timed in traffic, against ar, timed alone, at half
+    their rate); the time since the previous round's end does not."""
+    return finished - max(started, previous_end)

@@ -30,12 +30,15 @@ from ddtree.models.meta import AttentionMeta
 class Backend:
     """kernels: run the Triton kernels (a GPU, or the interpreter in kernel tests);
     invariant: batch-invariant GEMMs (only meaningful with kernels); fused: the norm and
-    SwiGLU prologues inside those GEMMs (only meaningful with kernels and invariant)."""
+    SwiGLU prologues inside those GEMMs (only meaningful with kernels and invariant);
+    tree_build: a drafter's trees from one kernel (ddtree.kernels.tree_build; only with
+    kernels; the same trees as without)."""
 
     kernels: bool = False
     invariant: bool = True
     fused: bool = False
     swiglu_epilogue: bool = True
+    tree_build: bool = True
 
     @property
     def fuses_prologues(self) -> bool:

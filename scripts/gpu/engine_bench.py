@@ -7,7 +7,9 @@ Stages (comma list, `--stages`):
             shadow@64, plus variants (`--speed-variants`): ar with the generic tree walk,
             ar / tree@32 without the SwiGLU epilogue, without dependent launches (no PDL),
             without their L2 prefetches (no prefetch) or with the fused norm/SwiGLU
-            prologues, ar / tree@64 with the batch-invariant GEMMs off (cuBLAS); and
+            prologues, linear / tree@32 / tree@64 with the trees built in PyTorch instead
+            of one kernel (PyTorch tree), ar / tree@64 with the batch-invariant GEMMs off
+            (cuBLAS); and
             transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
@@ -220,7 +222,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     prompts = humaneval_prompts(args.humaneval, tokenizer, args.num_prompts)
     rows: dict[str, Any] = {}
     # (row suffix, invariant GEMMs, fused norm/SwiGLU prologues, the short greedy ar round,
-    # the SwiGLU epilogue, dependent launches, their L2 prefetches, modes). The other
+    # the SwiGLU epilogue, dependent launches, their L2 prefetches, modes; "PyTorch tree"
+    # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
     # rows with cuBLAS ar (not batch invariant).
     variants = (("", True, False, True, True, True, True,
@@ -230,6 +233,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (no epilogue)", True, False, True, False, True, True, ("ar", "tree@32")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
+                (" (PyTorch tree)", True, False, True, True, True, True,
+                 ("linear", "tree@32", "tree@64")),
                 (" (fused)", True, True, True, False, True, True, ("ar", "tree@32")),
                 (" (cuBLAS)", False, False, True, True, True, True, ("ar", "tree@64")))
     wanted = set(args.speed_modes.split(",")) if args.speed_modes else None
@@ -246,7 +251,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
-            engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=fused)
+            engine.drafting.backend = dataclasses.replace(
+                engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree")
         reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
@@ -435,7 +441,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--speed-modes", default="", help="speed stage: these modes only "
                         "(comma-separated, ar always; default all)")
     parser.add_argument("--speed-variants",
-                        default="plain,generic ar,no epilogue,no PDL,no prefetch,fused,cuBLAS",
+                        default="plain,generic ar,no epilogue,no PDL,no prefetch,PyTorch tree,"
+                        "fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--load-tokens", type=int, default=128)

@@ -40,7 +40,11 @@
 #   call 19 (after 1-3; written after lease 7, not yet run) the gateway's merge-when-behind:
 #           `ddtree serve` with and without it (DDTREE_MERGE_WHEN_BEHIND=0), twice each,
 #           interleaved, one repeat per run
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|19   (results under $OUT)
+#   call 20 (sixth session, after 1-3) the one-kernel tree build and the policy's round
+#           cost: speed with the trees built by the kernel and in PyTorch, every mode
+#           against ar, the round profile, load curves (auto), continuous load in process
+#           and through `ddtree serve`
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|20   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -291,6 +295,20 @@ PY
   timeout 150 python3 scripts/gpu/engine_bench.py --stages speed,exact --speed-modes linear,tree@32 \
     --speed-variants "plain,no PDL" --target $T --humaneval $H 2>&1 \
     | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -9
+  curves_and_serving || exit 3
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
+20)
+  stage_target
+  mark engine_bench speed, exact
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed,exact \
+    --speed-modes linear,tree@16,tree@32,tree@64,shadow@16 --speed-variants "plain,PyTorch tree" \
+    --target $T --humaneval $H 2>&1 | grep -v Warn | grep -v " c[18]: =6/6" \
+    | grep -v "^ *Loading" | tail -14
+  mark profile
+  timeout 90 python3 scripts/gpu/engine_bench.py --stages profile --target $T --humaneval $H \
+    2>&1 | grep -v Warn | grep -v "^ *Loading" | tail -12
   curves_and_serving || exit 3
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
   mark done

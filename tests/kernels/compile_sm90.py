@@ -31,6 +31,7 @@ import ddtree.kernels.rmsnorm as rmsnorm_module
 import ddtree.kernels.rope as rope_module
 import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
+import ddtree.kernels.tree_build as tree_build
 from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
@@ -106,6 +107,11 @@ def _launch_all() -> None:
         x = torch.randn(3, 576).to(bf16)
         norm_linear(x, x.clone(), x[0].clone(), 1e-6, torch.empty(out_features, 576, dtype=bf16))
     swiglu_down(torch.randn(3, 2 * 1536).to(bf16), torch.empty(576, 1536, dtype=bf16))
+    for num_nodes in (32, 128):  # the demo drafter's 15 depths, two tree sizes
+        logp = torch.randn(2, 15, 49152).log_softmax(-1)
+        rows = torch.zeros(2, dtype=torch.long)
+        tree_build.tree_from_ranks(logp, logp.topk(num_nodes).indices, rows, num_nodes, rows,
+                                   rows.bool(), rows)
 
 
 def sass_of(kernel: object) -> tuple[str, str]:
@@ -141,7 +147,7 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     whether the wait precedes the first global memory access (else how many global loads
     and writes come before it), and whether an L2 prefetch
     (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
-    modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention)
+    modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build)
     saved = [module.use_pdl for module in modules]
     for module in modules:
         module.use_pdl = lambda tensor: pdl  # type: ignore[assignment]

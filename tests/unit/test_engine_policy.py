@@ -11,6 +11,7 @@ from ddtree.engine import EngineConfig, GenerationRequest, SpecParams, generate
 from ddtree.engine.core import POLICY_REPEATS
 from ddtree.engine.generate import build_engine
 from ddtree.engine.policy import MIN_SAMPLES, BudgetPolicy
+from ddtree.engine.timing import round_cost
 from ddtree.models.tiny import make_tiny_pair
 from ddtree.runtime import load_pair
 
@@ -240,3 +241,12 @@ def test_the_snapshot_says_what_the_policy_believes() -> None:
     assert row["prefers_ar"] is False  # 1000 tok/s per row vs 1428.6 for the best tree
     assert snapshot["tau"]["32"] == {"tau": 3.0, "rounds": 2 * MIN_SAMPLES}  # type: ignore[index]
     assert snapshot["round"] == 3 * MIN_SAMPLES
+
+
+def test_a_pipelined_round_costs_the_time_since_the_previous_round_ended() -> None:
+    """Round k+1 is launched (t=1.1) while round k (launched at 0, seen done at 2.0) still
+    runs and is seen done at 3.0: it cost 1.0 s of throughput, not the 1.9 s since its
+    launch; a round launched after an idle host (t=5) costs the time since its launch."""
+    assert round_cost(0.0, 2.0, 0.0) == 2.0
+    assert round_cost(1.1, 3.0, 2.0) == pytest.approx(1.0)
+    assert round_cost(5.0, 5.5, 3.0) == pytest.approx(0.5)

@@ -1,0 +1,239 @@
+"""The tree build of a round in one kernel: from each depth's top-K draft tokens to the
+batch's trees (one program per row), the same trees as `ddtree.tree.build_round_tree`.
+
+`build_round_tree` in PyTorch runs ~15 stable sorts (one per depth's beam, one over the
+union, one that puts the chain first) and ~100 small gathers, scatters, concatenations
+and copies per round: on the H200 that was ~0.25 ms of a ~2 ms tree round at batch 1, in
+kernels of 1-5 us each. Here one program per row does the whole beam search in registers
+and a few kilobytes of scratch (in L2): per depth it forms the candidate extensions
+(parent beam position, token rank) that can enter the beam, sorts their unique keys
+(score descending, then the candidate's index: what a stable sort does), keeps the best
+`width`; then it sorts the union of all depths by (chain first where asked, score,
+union index), takes the first N and remaps parents to node indices.
+
+Every score is the same float32 sum as in PyTorch (the depth's log-probability added to
+the parent's score, in the same order) and every order is the same total order, so the
+trees are bitwise those of `build_round_tree` (tests/kernels/test_tree_build.py). The
+vocabulary part stays in PyTorch (log-softmax, the stable top-K over the vocabulary).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
+
+# Union and candidate indices travel in the low 16 bits of a sort key.
+_INDEX_BITS = 16
+
+
+@triton.jit
+def _order_key(score, index, flag):
+    """A unique int64 whose descending order is (flag, score) descending, then index
+    ascending: the order of a stable descending sort by score among equal flags. Scores
+    are float32 (the sign-magnitude bits made monotone as a signed integer)."""
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+    return (flag.to(tl.int64) << 49) | (ordered << 16) | (65535 - index.to(tl.int64))
+
+
+@triton.jit
+def _index_of(key):
+    return 65535 - (key & 65535)
+
+
+@triton.jit
+def _tree_build_kernel(
+    logp_ptr, rank_tokens_ptr, bonus_ptr, budget_ptr, force_ptr, max_topk_ptr,
+    cand_parent_ptr, cand_rank_ptr, widths_ptr, starts_ptr, union_depth_ptr, union_chain_ptr,
+    s_score_ptr, s_token_ptr, s_parent_ptr, s_node_ptr, s_key_ptr, s_cand_ptr,
+    tokens_ptr, parents_ptr, depth_ptr, valid_ptr, scores_ptr,
+    stride_lb, stride_ll, stride_tb, stride_tl, num_union,
+    NUM_LEVELS: tl.constexpr, NUM_NODES: tl.constexpr, M_PAD: tl.constexpr,
+    W_PAD: tl.constexpr, U_PAD: tl.constexpr, N_PAD: tl.constexpr, KEY_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    wait_for_inputs(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    budget = tl.load(budget_ptr + row)
+    force = tl.load(force_ptr + row) != 0
+    max_topk = tl.load(max_topk_ptr + row)
+    logp_row = logp_ptr + row * stride_lb
+    tokens_row = rank_tokens_ptr + row * stride_tb
+    s_score = s_score_ptr + row * U_PAD
+    s_token = s_token_ptr + row * U_PAD
+    s_parent = s_parent_ptr + row * U_PAD
+    s_node = s_node_ptr + row * U_PAD
+    s_key = s_key_ptr + row * KEY_PAD
+    s_cand = s_cand_ptr + row * M_PAD
+    m = tl.arange(0, M_PAD)
+    j = tl.arange(0, W_PAD)
+    neg_inf = float("-inf")
+
+    # The beam of each depth: its candidates are (parent beam position, token rank) pairs
+    # from the tables (depth 1: the root's, whose score is 0), sorted, the best `width` kept.
+    for level in range(NUM_LEVELS):
+        parent = tl.load(cand_parent_ptr + level * M_PAD + m)  # -1: padding
+        rank = tl.load(cand_rank_ptr + level * M_PAD + m)
+        real = parent >= 0
+        prev_start = tl.load(starts_ptr + tl.maximum(level - 1, 0))
+        prev = tl.load(s_score + prev_start + parent, mask=real & (level > 0), other=0.0)
+        token = tl.load(tokens_row + level * stride_tl + rank, mask=real, other=0)
+        logp = tl.load(logp_row + level * stride_ll + token, mask=real, other=neg_inf)
+        logp = tl.where((max_topk > 0) & (rank >= max_topk), neg_inf, logp)
+        cand = prev + logp
+        tl.store(s_cand + m, cand)
+        tl.store(s_key + m, tl.sort(_order_key(cand, m, real.to(tl.int32)), descending=True))
+        tl.debug_barrier()
+        width = tl.load(widths_ptr + level)
+        start = tl.load(starts_ptr + level)
+        keep = j < width
+        pick = _index_of(tl.load(s_key + j, mask=keep, other=0))
+        pick = tl.where(keep, pick, 0)
+        parent = tl.load(cand_parent_ptr + level * M_PAD + pick, mask=keep, other=0)
+        rank = tl.load(cand_rank_ptr + level * M_PAD + pick, mask=keep, other=0)
+        tl.store(s_score + start + j, tl.load(s_cand + pick, mask=keep, other=neg_inf),
+                 mask=keep)
+        tl.store(s_parent + start + j, tl.where(level > 0, prev_start + parent, -1), mask=keep)
+        tl.store(s_token + start + j, tl.load(tokens_row + level * stride_tl + rank,
+                                              mask=keep, other=0), mask=keep)
+        tl.debug_barrier()
+
+    # The union of all depths: the chain first where asked, then by score and index.
+    u = tl.arange(0, U_PAD)
+    in_union = u < num_union
+    score = tl.load(s_score + u, mask=in_union, other=neg_inf)
+    chain = tl.load(union_chain_ptr + u, mask=in_union, other=0) != 0
+    flag = tl.where(in_union, tl.where(force & chain, 2, 1), 0)
+    tl.store(s_key + u, tl.sort(_order_key(score, u, flag), descending=True))
+    tl.store(s_node + u, tl.zeros([U_PAD], dtype=tl.int32))
+    tl.debug_barrier()
+    i = tl.arange(0, N_PAD)
+    is_node = i < NUM_NODES
+    pick = tl.where(is_node, _index_of(tl.load(s_key + i, mask=is_node, other=0)), 0)
+    tl.store(s_node + pick, (i + 1).to(tl.int32), mask=is_node)
+    tl.debug_barrier()
+    score = tl.load(s_score + pick, mask=is_node, other=neg_inf)
+    token = tl.load(s_token + pick, mask=is_node, other=0)
+    union_parent = tl.load(s_parent + pick, mask=is_node, other=-1)
+    has_parent = is_node & (union_parent >= 0)
+    parent = tl.load(s_node + tl.maximum(union_parent, 0), mask=has_parent, other=0)
+    depth = tl.load(union_depth_ptr + pick, mask=is_node, other=1)
+    valid = (i + 1 <= budget) & (score > neg_inf)
+    out = row * (NUM_NODES + 1) + 1 + i
+    tl.store(tokens_ptr + out, tl.where(valid, token, 0), mask=is_node)
+    tl.store(parents_ptr + out, tl.where(valid, parent.to(tl.int64), 0), mask=is_node)
+    tl.store(depth_ptr + out, tl.where(valid, depth, 1), mask=is_node)
+    tl.store(valid_ptr + out, valid, mask=is_node)
+    tl.store(scores_ptr + out, score, mask=is_node)
+    root = row * (NUM_NODES + 1)
+    tl.store(tokens_ptr + root, tl.load(bonus_ptr + row))
+    tl.store(parents_ptr + root, -1)
+    tl.store(depth_ptr + root, 0)
+    tl.store(valid_ptr + root, tl.full([], True, tl.int1))
+    tl.store(scores_ptr + root, 0.0)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(num_nodes: int, num_ranks: int, num_levels: int, device: torch.device
+            ) -> tuple[tuple[Tensor, ...], int, int, int]:
+    """The shapes-only tables of a (N, K, L) build: per depth its candidate (parent beam
+    position, rank) pairs p-major (-1 padded to M_PAD), widths and union starts; per union
+    entry its depth and whether it is its depth's first (the chain's). Built eagerly (the
+    graph runner warms every round up before it captures) and cached.
+    Returns (tables, U, M_PAD, W_PAD)."""
+    widths = _widths(num_nodes, num_ranks, num_levels)
+    starts = [sum(widths[:level]) for level in range(num_levels)]
+    pairs = []
+    for level, width in enumerate(widths):
+        parents = 1 if level == 0 else widths[level - 1]
+        # Extension (p, r) trails (p+1)(r+1) - 1 at least as good ones: only
+        # (p+1)(r+1) <= width can make the beam (ddtree.tree._candidate_pairs).
+        pairs.append([(p, r) for p in range(parents)
+                      for r in range(min(num_ranks, width // (p + 1)))])
+    m_pad = _pow2(max(len(level) for level in pairs))
+    cand_parent = torch.full((num_levels, m_pad), -1, dtype=torch.int32)
+    cand_rank = torch.zeros((num_levels, m_pad), dtype=torch.int32)
+    for level, level_pairs in enumerate(pairs):
+        if level_pairs:
+            cand_parent[level, :len(level_pairs)] = torch.tensor([p for p, _ in level_pairs])
+            cand_rank[level, :len(level_pairs)] = torch.tensor([r for _, r in level_pairs])
+    num_union = sum(widths)
+    union_depth = torch.ones(_pow2(num_union), dtype=torch.int64)
+    union_chain = torch.zeros(_pow2(num_union), dtype=torch.int8)
+    for level, (start, width) in enumerate(zip(starts, widths, strict=True)):
+        union_depth[start:start + width] = level + 1
+        union_chain[start] = 1
+    tables = tuple(t.to(device) for t in (
+        cand_parent, cand_rank, torch.tensor(widths, dtype=torch.int64),
+        torch.tensor(starts, dtype=torch.int64), union_depth, union_chain))
+    return tables, num_union, m_pad, _pow2(max(widths))
+
+
+def supports(num_nodes: int, num_ranks: int, num_levels: int) -> bool:
+    """Whether the kernel builds this shape: the union holds at least N entries and its
+    indices fit a key's 16 bits."""
+    widths = _widths(num_nodes, num_ranks, num_levels)
+    pairs = max(sum(min(num_ranks, width // (p + 1)) for p in range(parents))
+                for parents, width in zip((1, *widths), widths, strict=False))
+    return num_nodes <= sum(widths) < (1 << _INDEX_BITS) and pairs < (1 << _INDEX_BITS)
+
+
+def _widths(num_nodes: int, num_ranks: int, num_levels: int) -> list[int]:
+    """Beam width per depth: min(N, K^d) (ddtree.tree._beam_widths)."""
+    widths, width = [], 1
+    for _ in range(num_levels):
+        width = min(num_nodes, width * num_ranks)
+        widths.append(width)
+    return widths
+
+
+def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, num_nodes: int,
+                    budget: Tensor, force_chain: Tensor, max_topk: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """logp: (B, L, V) float32 log-probabilities with contiguous rows; rank_tokens: (B, L, K)
+    int64, each depth's top K tokens (most probable first, ties to the lower id); bonus,
+    budget, max_topk: (B,) int64; force_chain: (B,) bool.
+    -> tokens, parents, depth (B, 1+N) int64, valid (B, 1+N) bool, scores (B, 1+N) float32:
+    `build_round_tree`'s tree (which see for the rules)."""
+    batch, num_levels, _ = logp.shape
+    num_ranks = rank_tokens.shape[2]
+    assert logp.dtype == torch.float32 and logp.stride(2) == 1, (logp.dtype, logp.stride())
+    assert rank_tokens.shape[:2] == (batch, num_levels) and rank_tokens.stride(2) == 1
+    assert supports(num_nodes, num_ranks, num_levels), (num_nodes, num_ranks, num_levels)
+    device = logp.device
+    tables, num_union, m_pad, w_pad = _tables(num_nodes, num_ranks, num_levels, device)
+    u_pad, n_pad = _pow2(num_union), _pow2(num_nodes)
+    key_pad = max(m_pad, u_pad)
+    s_score = torch.empty(batch, u_pad, dtype=torch.float32, device=device)
+    s_token = torch.empty(batch, u_pad, dtype=torch.int64, device=device)
+    s_parent = torch.empty(batch, u_pad, dtype=torch.int64, device=device)
+    s_node = torch.empty(batch, u_pad, dtype=torch.int32, device=device)
+    s_key = torch.empty(batch, key_pad, dtype=torch.int64, device=device)
+    s_cand = torch.empty(batch, m_pad, dtype=torch.float32, device=device)
+    shape = (batch, num_nodes + 1)
+    tokens = torch.empty(shape, dtype=torch.int64, device=device)
+    parents = torch.empty(shape, dtype=torch.int64, device=device)
+    depth = torch.empty(shape, dtype=torch.int64, device=device)
+    valid = torch.empty(shape, dtype=torch.bool, device=device)
+    scores = torch.empty(shape, dtype=torch.float32, device=device)
+    pdl = use_pdl(logp)
+    _tree_build_kernel[(batch,)](
+        logp, rank_tokens, bonus.long().contiguous(), budget.long().contiguous(),
+        force_chain.contiguous(), max_topk.long().contiguous(), *tables,
+        s_score, s_token, s_parent, s_node, s_key, s_cand,
+        tokens, parents, depth, valid, scores,
+        logp.stride(0), logp.stride(1), rank_tokens.stride(0), rank_tokens.stride(1),
+        num_union, NUM_LEVELS=num_levels, NUM_NODES=num_nodes, M_PAD=m_pad, W_PAD=w_pad,
+        U_PAD=u_pad, N_PAD=n_pad, KEY_PAD=key_pad, USE_PDL=pdl, num_warps=4,
+        **launch_kwargs(pdl))
+    return tokens, parents, depth, valid, scores

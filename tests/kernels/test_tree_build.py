@@ -1,0 +1,59 @@
+"""The one-kernel tree build gives `build_round_tree`'s PyTorch trees bitwise: tokens,
+parents, depths, validity and scores, for mixed rows (ar, chains, trees of several budgets,
+shadows, branching caps) in one batch, with many exact ties (integer logits) and without,
+and when the vocabulary is smaller than the tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.kernels import tree_build
+from ddtree.tree import build_round_tree
+
+
+def rows(batch: int, depth: int, num_nodes: int) -> tuple[torch.Tensor, ...]:
+    """Per row: budget, force_chain, max_topk cycling through ar, chain, tree, shadow and
+    a capped tree."""
+    kinds = [(0, False, 0), (depth, True, 0), (num_nodes, False, 0),
+             (num_nodes, True, 0), (max(1, num_nodes // 2), False, 2), (num_nodes, False, 3)]
+    chosen = [kinds[i % len(kinds)] for i in range(batch)]
+    budget = torch.tensor([min(b, num_nodes) for b, _, _ in chosen])
+    force = torch.tensor([f and depth <= num_nodes for _, f, _ in chosen])
+    max_topk = torch.tensor([k for _, _, k in chosen])
+    return budget, force, max_topk
+
+
+def check(logits: torch.Tensor, num_nodes: int) -> None:
+    batch, depth, _ = logits.shape
+    bonus = torch.arange(batch) + 7
+    budget, force, max_topk = rows(batch, depth, num_nodes)
+    expected = build_round_tree(logits, bonus, num_nodes, budget, force, max_topk)
+    got = build_round_tree(logits, bonus, num_nodes, budget, force, max_topk, kernels=True)
+    for name in ("tokens", "parents", "depth", "valid", "scores"):
+        want, have = getattr(expected, name), getattr(got, name)
+        assert have.dtype == want.dtype and have.shape == want.shape, name
+        assert torch.equal(have, want), f"{name} differs:\n{have}\n{want}"
+
+
+@pytest.mark.parametrize(("num_nodes", "depth"), [(16, 15), (32, 6)])
+def test_random_logits(num_nodes: int, depth: int) -> None:
+    gen = torch.Generator().manual_seed(num_nodes)
+    check(3 * torch.randn(6, depth, 500, generator=gen), num_nodes)
+
+
+def test_integer_logits_tie_often() -> None:
+    """Equal logits give equal log-probabilities and equal prefix sums: every order rule
+    (lower token id, shallower prefix, earlier beam position) decides somewhere."""
+    gen = torch.Generator().manual_seed(0)
+    check(torch.randint(0, 3, (6, 7, 40), generator=gen).float(), 24)
+
+
+def test_vocabulary_smaller_than_the_tree() -> None:
+    gen = torch.Generator().manual_seed(1)
+    check(torch.randn(3, 4, 6, generator=gen), 20)
+
+
+def test_supports_says_when_the_union_is_too_small() -> None:
+    assert tree_build.supports(64, 64, 15)
+    assert not tree_build.supports(20, 2, 2)  # 2 + 4 prefixes < 20 nodes
