@@ -27,6 +27,9 @@ class GatewayConfig:
     tokenizer: str  # dir holding the target's tokenizer and chat template
     host: str = "127.0.0.1"  # loopback unless told otherwise (compose: 0.0.0.0 in its network)
     port: int = 8000
+    # Bind with SO_REUSEPORT, so that several gateway processes share the port (the kernel
+    # spreads connections over them: `ddtree serve --gateway-workers N`).
+    reuse_port: bool = False
     model_name: str = ""  # the id clients send as `model`; "" = the tokenizer dir's name
     # "round": one SSE event per verify round (several tokens); "token": one per token, for
     # benchmark tools that count chunks. A request may override it (`ddtree.stream_granularity`).
@@ -91,6 +94,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     )
     parser.add_argument("--host", default=get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(get("PORT", "8000")))
+    parser.add_argument("--reuse-port", action=argparse.BooleanOptionalAction,
+                        default=get("REUSE_PORT", "0") != "0",
+                        help="bind with SO_REUSEPORT: several gateway processes share the "
+                             "port, the kernel spreads connections over them")
     model_name = get("MODEL_NAME", get("MODEL_ID", ""))
     parser.add_argument("--model-name", default=model_name)
     parser.add_argument(

@@ -7,7 +7,9 @@ Ctrl-C / SIGTERM stops it (exit 0).
 
 Ports are fixed (gateway 8000, verifier 50051, drafter 50052: what the README's curl and
 grpcurl examples use), and everything binds loopback unless --host says otherwise for the
-gateway. `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
+gateway. `--gateway-workers N` runs N gateway processes on that port (SO_REUSEPORT: the
+kernel spreads connections over them; one per core near saturation, as vLLM's API server
+count). `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
 kills the drafter through it). Secrets reach the children through their environment
 (DDTREE_API_KEY, DDTREE_GRPC_TOKEN), never their command lines.
 """
@@ -15,6 +17,7 @@ kills the drafter through it). Secrets reach the children through their environm
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import urllib.error
@@ -37,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_spec_options(parser)
     parser.add_argument("--host", default=LOOPBACK, help="the gateway's bind address")
     parser.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
+    parser.add_argument("--gateway-workers", type=int, default=1,
+                        help="gateway processes sharing the HTTP port (SO_REUSEPORT); each "
+                             "answers /metrics for itself")
     parser.add_argument("--verifier-port", type=int, default=50051, help="loopback gRPC port")
     parser.add_argument("--drafter-port", type=int, default=50052, help="loopback gRPC port")
     parser.add_argument("--max-model-len", type=int, default=0, help="0 = the target's")
@@ -95,19 +101,29 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
     if drafter is not None:
         verifier += ["--drafter-addr", f"{LOOPBACK}:{args.drafter_port}"]
     commands.append(("verifier", verifier))
-    commands.append(("gateway", [
-        python, "-m", "gateway", "--verifier-addr", f"{LOOPBACK}:{args.verifier_port}",
-        "--host", args.host, "--port", str(args.port), "--target", target,
-    ]))
+    gateway = [python, "-m", "gateway", "--verifier-addr", f"{LOOPBACK}:{args.verifier_port}",
+               "--host", args.host, "--port", str(args.port), "--target", target]
+    workers = args.gateway_workers
+    for worker in range(workers):
+        name = "gateway" if worker == 0 else f"gateway-{worker + 1}"
+        commands.append((name, [*gateway, "--reuse-port"] if workers > 1 else gateway))
     return commands
 
 
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+def http_ok(url: str, timeout_s: float = 2.0, pid: int | None = None) -> bool:
+    """A 200 from url (with `pid`: from that gateway process, which says so in a header;
+    several may share the port, and any may answer a connection)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-            return bool(reply.status == 200)
+            return bool(reply.status == 200) and (
+                pid is None or reply.headers.get("x-ddtree-gateway-pid") == str(pid))
     except (urllib.error.URLError, OSError):
         return False
+
+
+def gateway_ready(url: str, child: Child) -> bool:
+    """This gateway process (not another on the same port) answers /health with 200."""
+    return child.process is not None and http_ok(url, pid=child.process.pid)
 
 
 def child_env(args: argparse.Namespace) -> dict[str, str]:
@@ -129,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `ddtree generate` / `bench` run where grpc's health package is absent.
     from ddtree.healthcheck import is_serving
 
+    if args.gateway_workers < 1:
+        raise DDTreeError(f"--gateway-workers must be >= 1, got {args.gateway_workers}")
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
     check_dirs(target, drafter)
     gateway_url = f"http://{LOOPBACK if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
@@ -137,10 +155,14 @@ def run(args: argparse.Namespace) -> int:
     checks: dict[str, Callable[[], bool]] = {
         "drafter": lambda: is_serving(addresses["drafter"]),
         "verifier": lambda: is_serving(addresses["verifier"]),
-        "gateway": lambda: http_ok(f"{gateway_url}/health"),
     }
-    children = [Child(name, argv, checks[name], addresses[name])
-                for name, argv in service_commands(args, target, drafter)]
+    children = []
+    for name, argv in service_commands(args, target, drafter):
+        service = name.split("-")[0]  # gateway-2, ... are gateway processes too
+        child = Child(name, argv, checks.get(service, lambda: False), addresses[service])
+        if service == "gateway":
+            child.is_ready = functools.partial(gateway_ready, f"{gateway_url}/health", child)
+        children.append(child)
     banner = f"OpenAI API at {gateway_url}/v1 (mode {args.mode}); Ctrl-C stops it"
     return Supervisor(children, child_env(args), args.startup_timeout, args.pid_dir,
                       banner).run()

@@ -6,6 +6,7 @@ GetStats at scrape time (a short deadline; no engine, no engine gauges)."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import grpc
 from fastapi import APIRouter, Request, Response
@@ -38,17 +39,24 @@ async def engine_stats(state: GatewayState) -> verifier_pb2.EngineStats | None:
         return None
 
 
+# Which gateway process answered (several may share the port: `ddtree serve` waits for
+# each worker's own 200).
+PID_HEADER = "x-ddtree-gateway-pid"
+
+
 @router.get("/health", response_model=None)
 async def health(request: Request) -> JSONResponse:
     state = gateway_state(request)
     is_serving, stats = await asyncio.gather(state.client.is_serving(), engine_stats(state))
+    process = {PID_HEADER: str(os.getpid())}
     if not is_serving or stats is None:
-        return JSONResponse({"status": "unavailable",
-                             "detail": "the model backend is not serving"}, status_code=503)
+        return JSONResponse({"status": "unavailable", "detail": "the model backend is not "
+                             "serving"}, status_code=503, headers=process)
     refusal = admission_refusal(stats)
     if refusal is not None:
-        return JSONResponse({"status": "busy", "detail": refusal}, status_code=503)
-    return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "busy", "detail": refusal}, status_code=503,
+                            headers=process)
+    return JSONResponse({"status": "ok"}, headers=process)
 
 
 @router.get("/metrics")

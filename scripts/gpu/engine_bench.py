@@ -393,7 +393,8 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                             "copy_tb_s": round(bandwidth / 1e12, 2),
                             "floor_ms": round(weight_bytes / bandwidth * 1e3, 3)}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
-                                                        max_budget=64))
+                                                        max_budget=64,
+                                                        swiglu_epilogue=args.epilogue))
     prompt = torch.randint(0, 151000, (512,), generator=torch.Generator().manual_seed(1)).tolist()
     for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
                        ("linear", SpecParams("linear"))):
@@ -445,6 +446,8 @@ def main(argv: list[str]) -> int:
                         "fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
+                        help="shapes8b: the gate_up GEMM's SwiGLU epilogue (A/B)")
     parser.add_argument("--load-tokens", type=int, default=128)
     parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)

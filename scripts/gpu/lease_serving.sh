@@ -40,11 +40,14 @@
 #   call 19 (after 1-3; written after lease 7, not yet run) the gateway's merge-when-behind:
 #           `ddtree serve` with and without it (DDTREE_MERGE_WHEN_BEHIND=0), twice each,
 #           interleaved, one repeat per run
+#   call 21 (after 20, warm) `ddtree serve` with one and two gateway processes, twice each,
+#           interleaved; the load curves (auto); the 8B shapes with and without the SwiGLU
+#           epilogue
 #   call 20 (sixth session, after 1-3) the one-kernel tree build and the policy's round
 #           cost: speed with the trees built by the kernel and in PyTorch, every mode
 #           against ar, the round profile, load curves (auto), continuous load in process
 #           and through `ddtree serve`
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|20   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|21   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -82,7 +85,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
 serve_bench() {  # [tag]: `ddtree serve`, then load_bench through it, its metrics, and stop it
   local tag=${1:-}
   python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 >"$OUT/serve$tag.log" 2>&1 &
+    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-1}" >"$OUT/serve$tag.log" 2>&1 &
   local S=$!
   wait_healthy $S "$OUT/serve$tag.log" || return 3
   mark bench url $tag
@@ -311,6 +314,24 @@ PY
     2>&1 | grep -v Warn | grep -v "^ *Loading" | tail -12
   curves_and_serving || exit 3
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
+21)
+  stage_target
+  for pass in 1 2; do
+    GATEWAY_WORKERS=2 REPEATS=1 serve_bench _workers2_$pass || exit 3
+    GATEWAY_WORKERS=1 REPEATS=1 serve_bench _workers1_$pass || exit 3
+  done
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  mark load curves
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | grep auto
+  for epilogue in epilogue no-epilogue; do
+    mark shapes8b $epilogue
+    timeout 100 python3 scripts/gpu/engine_bench.py --stages shapes8b --$epilogue --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep "^8B"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$epilogue.json"
+  done
   mark done
   ;;
 19)

@@ -26,20 +26,20 @@ from ddtree.healthcheck import is_serving
 from tests.integration.conftest import REPO, free_port
 
 STARTUP_TIMEOUT_S = 180.0
-READY = re.compile(r"ddtree serve: (\w+) ready \(pid (\d+), (\S+)\)")
+READY = re.compile(r"ddtree serve: ([\w-]+) ready \(pid (\d+), (\S+)\)")
 
 
 class Serve:
     """A running `ddtree serve`; a thread reads its stdout and stderr lines into a queue."""
 
-    def __init__(self, pair: Path, pid_dir: Path) -> None:
+    def __init__(self, pair: Path, pid_dir: Path, *extra: str) -> None:
         self.pid_dir = pid_dir
         self.port = free_port()
         argv = [sys.executable, "-m", "ddtree.cli", "serve", "--target", str(pair / "target"),
                 "--drafter", str(pair / "drafter"), "--device", "cpu", "--dtype", "float32",
                 "--mode", "tree", "--budget", "4", "--port", str(self.port),
                 "--verifier-port", str(free_port()), "--drafter-port", str(free_port()),
-                "--pid-dir", str(pid_dir)]
+                "--pid-dir", str(pid_dir), *extra]
         self.process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -185,3 +185,30 @@ def test_sixty_four_concurrent_requests_all_complete(serve: Serve) -> None:
     assert len(results) == 64
     assert [status for status, _ in results] == [200] * 64, [b for s, b in results if s != 200]
     assert len({tuple(body["choices"][0]["token_ids"]) for _, body in results}) == 1
+
+
+def test_gateway_workers_share_the_port_and_one_dying_loses_no_request(
+        tiny_pair: Path, tmp_path: Path) -> None:
+    """`--gateway-workers 2`: two gateway processes on one port (SO_REUSEPORT). Once one of
+    them died, every request is answered (by the other) while it restarts. (A connection
+    the kernel had queued for the dying process when it died is reset, as with any
+    SO_REUSEPORT server.)"""
+    serve = Serve(tiny_pair, tmp_path / "pids", "--gateway-workers", "2")
+    try:
+        serve.wait_for("OpenAI API at")
+        assert set(serve.children) == {"drafter", "verifier", "gateway", "gateway-2"}
+        reference = complete(serve)["choices"][0]["token_ids"]
+        first = serve.pid("gateway")
+        os.kill(first, signal.SIGKILL)
+        serve.wait_for("gateway exited")
+        for _ in range(8):  # new connections only reach the live process
+            assert complete(serve)["choices"][0]["token_ids"] == reference
+        serve.wait_for("gateway ready")
+        assert serve.pid("gateway") != first and pid_alive(serve.pid("gateway"))
+        assert pid_alive(serve.pid("gateway-2"))
+        assert serve.stop(signal.SIGTERM) == 0
+        assert not list(serve.pid_dir.glob("*.pid"))
+    finally:
+        if serve.process.poll() is None:
+            serve.process.kill()
+            serve.process.wait(timeout=60)

@@ -46,8 +46,12 @@ def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
     assert not policy.prefers_ar(4)  # nothing measured yet
     feed(policy, 4, {7: 1.0, 16: 1.2}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES)
     assert policy.prefers_ar(4)  # the prior: an ar round costs 0.7 of a chain round
-    policy.observe(4, 0, 0.95, [])  # measured: ar barely cheaper than the chain
+    policy.observe(4, 0, 0.97, [])  # measured: ar barely cheaper than the chain
     assert not policy.prefers_ar(4)
+    # ar 1.08x the best tree's rate (the demo pair at batch 8 on the H200 was 1.10x)
+    feed(policy, 8, {7: 1.0, 16: 2.0}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES)
+    policy.observe(8, 0, 1 / 1.08, [])
+    assert policy.prefers_ar(8)
 
 
 @pytest.fixture(scope="module")
