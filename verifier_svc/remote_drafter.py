@@ -54,6 +54,10 @@ class RemoteDrafter:
         self.target_layer_ids = tuple(info.target_layer_ids)
         self.max_timeout_s = max_timeout_s
         self._round_trip_s: float | None = None
+        # (drafting rows, tree nodes) the drafter has answered once: its first round of a
+        # shape captures that shape's CUDA graphs (~0.3 s on the H200, past the adaptive
+        # deadline of a few ms rounds: every row of the round then stopped drafting).
+        self._shapes_seen: set[tuple[int, int]] = set()
         self._first_features: dict[str, Tensor] = {}  # request id -> (P, k*H) prompt rows
         self._sent_spec: set[str] = set()
         self._staging: dict[tuple[int, int], _Staging] = {}
@@ -65,10 +69,18 @@ class RemoteDrafter:
         return info is not None and (info.block_size, tuple(info.target_layer_ids)) == (
             self.block_size, self.target_layer_ids)
 
-    def deadline_s(self) -> float:
-        if self._round_trip_s is None:
-            return self.max_timeout_s  # the first rounds include the drafter's warm-up
+    def deadline_s(self, shape: tuple[int, int] | None = None) -> float:
+        """How long a round of `shape` (drafting rows, tree nodes) waits for its trees: the
+        longest before any round trip was timed and for a shape the drafter has not
+        answered yet (its warm-up, its graph capture), else a multiple of the recent round
+        trip within bounds."""
+        if self._round_trip_s is None or (shape is not None and shape not in self._shapes_seen):
+            return self.max_timeout_s
         return min(self.max_timeout_s, max(MIN_DEADLINE_S, DEADLINE_FACTOR * self._round_trip_s))
+
+    @staticmethod
+    def shape_of(rows: Sequence[Row]) -> tuple[int, int]:
+        return len(rows), max((row.num_nodes for row in rows), default=0)
 
     def start(self, slot: int, request_id: str, features: Tensor) -> None:
         self._first_features[request_id] = features
@@ -101,7 +113,7 @@ class RemoteDrafter:
                     if row.drafting and row.num_nodes and id(row) not in covered]
         if drafting:
             request, ordered = self._request(engine, drafting)
-            trees = self._exchange(request, len(ordered))
+            trees = self._exchange(request, [row for _, row in ordered])
             self._place(ordered, trees, staging.host, vocab_size)
         staging.send(buffers)
 
@@ -133,11 +145,12 @@ class RemoteDrafter:
 
     def _receive(self, pending: SentRound) -> drafter_pb2.DraftTrees | None:
         try:
-            trees = self.client.receive(pending.ticket, self.deadline_s())
+            shape = self.shape_of(pending.rows)
+            trees = self.client.receive(pending.ticket, self.deadline_s(shape))
         except DrafterUnavailable as exc:
             log.warning("drafter_round_failed", reason=str(exc), num_rows=len(pending.rows))
             return None
-        self._observe(time.perf_counter() - pending.started)
+        self._observe(time.perf_counter() - pending.started, shape)
         return trees
 
     def _staging_for(self, buffers: RoundBuffers) -> _Staging:
@@ -181,18 +194,23 @@ class RemoteDrafter:
         return request, ordered
 
     def _exchange(self, request: drafter_pb2.DraftRequest,
-                  num_rows: int) -> drafter_pb2.DraftTrees | None:
-        started = time.perf_counter()
+                  rows: Sequence[Row]) -> drafter_pb2.DraftTrees | None:
+        started, shape = time.perf_counter(), self.shape_of(rows)
         try:
-            trees = self.client.exchange(request, self.deadline_s())
+            trees = self.client.exchange(request, self.deadline_s(shape))
         except DrafterUnavailable as exc:
-            log.warning("drafter_round_failed", reason=str(exc), num_rows=num_rows)
+            log.warning("drafter_round_failed", reason=str(exc), num_rows=len(rows))
             return None
-        self._observe(time.perf_counter() - started)
+        self._observe(time.perf_counter() - started, shape)
         return trees
 
-    def _observe(self, elapsed: float) -> None:
-        """One round trip into the moving average the deadline follows."""
+    def _observe(self, elapsed: float, shape: tuple[int, int]) -> None:
+        """One round trip of `shape` into the moving average the deadline follows (a
+        shape's first, which may include a capture, only marks the shape as seen)."""
+        if shape not in self._shapes_seen and self._round_trip_s is not None:
+            self._shapes_seen.add(shape)
+            return
+        self._shapes_seen.add(shape)
         self._round_trip_s = elapsed if self._round_trip_s is None else (
             (1 - EMA_WEIGHT) * self._round_trip_s + EMA_WEIGHT * elapsed)
 

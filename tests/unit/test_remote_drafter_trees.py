@@ -19,7 +19,15 @@ from ddtree.engine.rows import Row
 from ddtree.stats import GenerationStats
 from ddtree.v1 import drafter_pb2
 from verifier_svc.drafter_client import DrafterClient
-from verifier_svc.remote_drafter import DEPTH, PARENTS, TOKENS, VALID, RemoteDrafter, _Staging
+from verifier_svc.remote_drafter import (
+    DEPTH,
+    MIN_DEADLINE_S,
+    PARENTS,
+    TOKENS,
+    VALID,
+    RemoteDrafter,
+    _Staging,
+)
 
 VOCAB, BLOCK, NODES = 16, 4, 4  # depth L = 3; buffers of 1 + 4 nodes
 GOOD_TOKENS, GOOD_PARENTS = [5, 1, 2, 3], [-1, 0, 0, 1]
@@ -132,3 +140,18 @@ def test_a_round_of_good_trees_lands_in_every_rows_place_with_its_depths(
     assert host[VALID, 0].tolist() == [1, 1, 1, 0, 0]
     assert host[DEPTH, 3].tolist() == [0, 1, 1, 2, 1]
     assert host[:, 1, 0].tolist() == [5, -1, 0, 1] and not host[VALID, 1, 1:].any()  # no tree
+
+
+def test_a_shape_the_drafter_has_not_answered_yet_gets_the_longest_deadline(
+        drafter: RemoteDrafter) -> None:
+    """The drafter's first round of a (rows, nodes) shape captures its graphs (~0.3 s on
+    the H200): waiting only the adaptive few-round-trip deadline stopped every row of the
+    first batch-8 round from drafting (lease 8 call 21). That round does not stretch the
+    moving average either."""
+    assert drafter.deadline_s((1, NODES)) == 1.0  # nothing timed yet: the longest
+    drafter._observe(0.003, (1, NODES))
+    assert drafter.deadline_s((1, NODES)) == MIN_DEADLINE_S
+    assert drafter.deadline_s((8, NODES)) == 1.0  # a new shape
+    drafter._observe(0.4, (8, NODES))  # its capture
+    assert drafter.deadline_s((8, NODES)) == MIN_DEADLINE_S
+    assert RemoteDrafter.shape_of([row(0), row(1, num_nodes=2)]) == (2, NODES)
