@@ -448,9 +448,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: the gate_up GEMM's SwiGLU epilogue (A/B)")
+    parser.add_argument("--linear-table", type=Path, default=None,
+                        help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
+                             "to run with instead of the committed one (A/B of tilings)")
     parser.add_argument("--load-tokens", type=int, default=128)
     parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)
+    if args.linear_table is not None:  # read by linear_config at every launch
+        from ddtree.kernels import matmul
+
+        matmul.TUNED.clear()
+        matmul.TUNED.update(json.loads(args.linear_table.read_text()))
     OUT.mkdir(parents=True, exist_ok=True)
     stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
               "exactsets": stage_exact_sets, "profile": stage_profile,

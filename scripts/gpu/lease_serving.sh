@@ -43,11 +43,14 @@
 #   call 21 (after 20, warm) `ddtree serve` with one and two gateway processes, twice each,
 #           interleaved; the load curves (auto); the 8B shapes with and without the SwiGLU
 #           epilogue
+#   call 22 (after 1-3) the 8B shapes under three GEMM tilings: the committed table, the
+#           table without its 8B entries (the default rule: split-K for the QKV GEMM, as in
+#           lease 2), the table with the QKV GEMM split 4 ways; then `ddtree serve` once
 #   call 20 (sixth session, after 1-3) the one-kernel tree build and the policy's round
 #           cost: speed with the trees built by the kernel and in PyTorch, every mode
 #           against ar, the round profile, load curves (auto), continuous load in process
 #           and through `ddtree serve`
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|21   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|22   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -314,6 +317,27 @@ PY
     2>&1 | grep -v Warn | grep -v "^ *Loading" | tail -12
   curves_and_serving || exit 3
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
+22)
+  stage_target
+  python3 - <<'PY'
+import json
+table = json.load(open("ddtree/kernels/linear_tuned.json"))
+json.dump({k: v for k, v in table.items() if "4096" not in k}, open("/tmp/table_default8b.json", "w"))
+json.dump({**table, "6144x4096:bfloat16": {**table["6144x4096:bfloat16"], "split_k": 4}},
+          open("/tmp/table_qkvsplit4.json", "w"))
+json.dump(table, open("/tmp/table_committed.json", "w"))
+PY
+  for table in committed default8b qkvsplit4 committed; do
+    mark shapes8b $table
+    timeout 100 python3 scripts/gpu/engine_bench.py --stages shapes8b --linear-table /tmp/table_$table.json \
+      --target $T --humaneval $H 2>&1 | grep -v Warn | grep "^8B"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${table}_$(date +%s).json"
+  done
+  REPEATS=1 serve_bench || exit 3
+  grep -c drafter_lost "$OUT/serve.log"
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   mark done
   ;;
 21)
