@@ -94,14 +94,14 @@ def build_round_tree(
     num_ranks = min(num_nodes, vocab)
     logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
     rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)
-    if kernels and tree_build.supports(num_nodes, num_ranks, num_levels):
+    widths = _beam_widths(num_nodes, num_ranks, num_levels)
+    if kernels and tree_build.supports(num_nodes, num_ranks, widths):
         tokens, parents, depth, valid, scores = tree_build.tree_from_ranks(
-            logp, rank_tokens, bonus, num_nodes, budget, force_chain, max_topk)
+            logp, rank_tokens, bonus, widths, num_nodes, budget, force_chain, max_topk)
         return DraftTree(tokens, parents, depth, scores=scores, valid=valid)
     rank = torch.arange(num_ranks, device=logp.device)
     capped = (max_topk[:, None] > 0) & (rank[None, :] >= max_topk[:, None])  # (B, K)
     rank_logp = logp.gather(-1, rank_tokens).masked_fill(capped[:, None, :], float("-inf"))
-    widths = _beam_widths(num_nodes, num_ranks, num_levels)
     scores, tokens, parents, depth = _beam_union(rank_logp, rank_tokens, widths)  # (B, U)
     order = scores.sort(dim=-1, descending=True, stable=True).indices  # (B, U)
     # The chain's entry of each depth is the first of its beam (the best prefix of a

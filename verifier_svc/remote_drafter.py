@@ -207,10 +207,10 @@ class RemoteDrafter:
     def _observe(self, elapsed: float, shape: tuple[int, int]) -> None:
         """One round trip of `shape` into the moving average the deadline follows (a
         shape's first, which may include a capture, only marks the shape as seen)."""
-        if shape not in self._shapes_seen and self._round_trip_s is not None:
-            self._shapes_seen.add(shape)
-            return
+        first_of_shape = shape not in self._shapes_seen
         self._shapes_seen.add(shape)
+        if first_of_shape and self._round_trip_s is not None:
+            return
         self._round_trip_s = elapsed if self._round_trip_s is None else (
             (1 - EMA_WEIGHT) * self._round_trip_s + EMA_WEIGHT * elapsed)
 

@@ -144,22 +144,32 @@ def _pow2(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _tables(num_nodes: int, num_ranks: int, num_levels: int, device: torch.device
+def _pairs(num_ranks: int, widths: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per depth, the (parent beam position, rank) extensions that can enter its beam,
+    p-major: (p, r) trails (p+1)(r+1) - 1 at least as good ones, so only (p+1)(r+1) <= width
+    can (the rule of ddtree.tree._candidate_pairs; depth 1 extends the root alone)."""
+    return tuple(tuple((p, r) for p in range(1 if level == 0 else widths[level - 1])
+                       for r in range(min(num_ranks, width // (p + 1))))
+                 for level, width in enumerate(widths))
+
+
+def supports(num_nodes: int, num_ranks: int, widths: tuple[int, ...]) -> bool:
+    """Whether the kernel builds this shape (`widths`: ddtree.tree._beam_widths): the union
+    holds at least N entries, and union and candidate indices fit a key's 16 bits."""
+    most = max(len(level) for level in _pairs(num_ranks, widths))
+    return num_nodes <= sum(widths) < (1 << _INDEX_BITS) and most < (1 << _INDEX_BITS)
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(num_ranks: int, widths: tuple[int, ...], device: torch.device
             ) -> tuple[tuple[Tensor, ...], int, int, int]:
-    """The shapes-only tables of a (N, K, L) build: per depth its candidate (parent beam
-    position, rank) pairs p-major (-1 padded to M_PAD), widths and union starts; per union
-    entry its depth and whether it is its depth's first (the chain's). Built eagerly (the
-    graph runner warms every round up before it captures) and cached.
-    Returns (tables, U, M_PAD, W_PAD)."""
-    widths = _widths(num_nodes, num_ranks, num_levels)
+    """The shapes-only tables of a build: per depth its candidate pairs (-1 padded to
+    M_PAD), widths and union starts; per union entry its depth and whether it is its
+    depth's first (the chain's). Built eagerly (the graph runner warms every round up
+    before it captures) and cached. Returns (tables, U, M_PAD, W_PAD)."""
+    num_levels = len(widths)
     starts = [sum(widths[:level]) for level in range(num_levels)]
-    pairs = []
-    for level, width in enumerate(widths):
-        parents = 1 if level == 0 else widths[level - 1]
-        # Extension (p, r) trails (p+1)(r+1) - 1 at least as good ones: only
-        # (p+1)(r+1) <= width can make the beam (ddtree.tree._candidate_pairs).
-        pairs.append([(p, r) for p in range(parents)
-                      for r in range(min(num_ranks, width // (p + 1)))])
+    pairs = _pairs(num_ranks, widths)
     m_pad = _pow2(max(len(level) for level in pairs))
     cand_parent = torch.full((num_levels, m_pad), -1, dtype=torch.int32)
     cand_rank = torch.zeros((num_levels, m_pad), dtype=torch.int32)
@@ -179,39 +189,22 @@ def _tables(num_nodes: int, num_ranks: int, num_levels: int, device: torch.devic
     return tables, num_union, m_pad, _pow2(max(widths))
 
 
-def supports(num_nodes: int, num_ranks: int, num_levels: int) -> bool:
-    """Whether the kernel builds this shape: the union holds at least N entries and its
-    indices fit a key's 16 bits."""
-    widths = _widths(num_nodes, num_ranks, num_levels)
-    pairs = max(sum(min(num_ranks, width // (p + 1)) for p in range(parents))
-                for parents, width in zip((1, *widths), widths, strict=False))
-    return num_nodes <= sum(widths) < (1 << _INDEX_BITS) and pairs < (1 << _INDEX_BITS)
-
-
-def _widths(num_nodes: int, num_ranks: int, num_levels: int) -> list[int]:
-    """Beam width per depth: min(N, K^d) (ddtree.tree._beam_widths)."""
-    widths, width = [], 1
-    for _ in range(num_levels):
-        width = min(num_nodes, width * num_ranks)
-        widths.append(width)
-    return widths
-
-
-def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, num_nodes: int,
-                    budget: Tensor, force_chain: Tensor, max_topk: Tensor
+def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tuple[int, ...],
+                    num_nodes: int, budget: Tensor, force_chain: Tensor, max_topk: Tensor
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """logp: (B, L, V) float32 log-probabilities with contiguous rows; rank_tokens: (B, L, K)
-    int64, each depth's top K tokens (most probable first, ties to the lower id); bonus,
-    budget, max_topk: (B,) int64; force_chain: (B,) bool.
+    int64, each depth's top K tokens (most probable first, ties to the lower id); widths:
+    the beam width of each depth (ddtree.tree._beam_widths(N, K, L)); bonus, budget,
+    max_topk: (B,) int64; force_chain: (B,) bool.
     -> tokens, parents, depth (B, 1+N) int64, valid (B, 1+N) bool, scores (B, 1+N) float32:
     `build_round_tree`'s tree (which see for the rules)."""
     batch, num_levels, _ = logp.shape
     num_ranks = rank_tokens.shape[2]
     assert logp.dtype == torch.float32 and logp.stride(2) == 1, (logp.dtype, logp.stride())
     assert rank_tokens.shape[:2] == (batch, num_levels) and rank_tokens.stride(2) == 1
-    assert supports(num_nodes, num_ranks, num_levels), (num_nodes, num_ranks, num_levels)
+    assert len(widths) == num_levels and supports(num_nodes, num_ranks, widths), widths
     device = logp.device
-    tables, num_union, m_pad, w_pad = _tables(num_nodes, num_ranks, num_levels, device)
+    tables, num_union, m_pad, w_pad = _tables(num_ranks, widths, device)
     u_pad, n_pad = _pow2(num_union), _pow2(num_nodes)
     key_pad = max(m_pad, u_pad)
     s_score = torch.empty(batch, u_pad, dtype=torch.float32, device=device)

@@ -36,6 +36,7 @@ from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
 from ddtree.kernels.swiglu import silu_mul
+from ddtree.tree import _beam_widths
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 FLOAT_OP = re.compile(r"\b(HMMA|HGMMA|FADD|FMUL|FFMA|MUFU|FMNMX|F2FP|FSEL|FSETP)[.A-Z0-9_]*")
@@ -110,7 +111,8 @@ def _launch_all() -> None:
     for num_nodes in (32, 128):  # the demo drafter's 15 depths, two tree sizes
         logp = torch.randn(2, 15, 49152).log_softmax(-1)
         rows = torch.zeros(2, dtype=torch.long)
-        tree_build.tree_from_ranks(logp, logp.topk(num_nodes).indices, rows, num_nodes, rows,
+        tree_build.tree_from_ranks(logp, logp.topk(num_nodes).indices, rows,
+                                   _beam_widths(num_nodes, num_nodes, 15), num_nodes, rows,
                                    rows.bool(), rows)
 
 

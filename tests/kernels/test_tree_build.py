@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddtree.kernels import tree_build
-from ddtree.tree import build_round_tree
+from ddtree.tree import _beam_widths, build_round_tree
 
 
 def rows(batch: int, depth: int, num_nodes: int) -> tuple[torch.Tensor, ...]:
@@ -55,5 +55,5 @@ def test_vocabulary_smaller_than_the_tree() -> None:
 
 
 def test_supports_says_when_the_union_is_too_small() -> None:
-    assert tree_build.supports(64, 64, 15)
-    assert not tree_build.supports(20, 2, 2)  # 2 + 4 prefixes < 20 nodes
+    assert tree_build.supports(64, 64, _beam_widths(64, 64, 15))
+    assert not tree_build.supports(20, 2, _beam_widths(20, 2, 2))  # 2 + 4 prefixes < 20
