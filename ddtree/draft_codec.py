@@ -1,4 +1,4 @@
-"""Wire codec of the Draft stream's batched messages (wire version 2, drafter.proto):
+"""Wire codec of the Draft stream's batched messages (wire versions 2-3, drafter.proto):
 DraftBatch (a round's rows: all features in one tensor) and DraftTrees (all trees in two
 tensors) <-> host tensors. `ddtree/codec.py`'s companion for the drafter link, with its
 rules: raw little-endian tensors, decoding is one copy per tensor, never a loop over rows
@@ -22,14 +22,16 @@ from ddtree.errors import InvalidArgumentError, TreeValidationError
 from ddtree.v1 import common_pb2, drafter_pb2, tensor_pb2
 
 # What DrafterInfo.wire_version says this code speaks (see drafter.proto).
-DRAFT_WIRE_VERSION = 2
+DRAFT_WIRE_VERSION = 3
 
 
 @dataclass
 class DraftRound:
     """A DraftBatch's R rows, decoded. committed_len, bonus_token, num_features: (R,)
     int64; features: (sum C, k*H) floating point, row r's C_r rows after those of the
-    rows before it; specs: row index -> the spec of a row whose session opens."""
+    rows before it; specs: row index -> the spec of a row whose session opens;
+    num_nodes (R,) int64 and force_chain (R,) bool: this round's tree of each row (None:
+    each session's spec decides)."""
 
     session_ids: list[str]
     committed_len: np.ndarray
@@ -37,6 +39,8 @@ class DraftRound:
     num_features: np.ndarray
     features: Tensor
     specs: Mapping[int, common_pb2.SpecParams]
+    num_nodes: np.ndarray | None = None
+    force_chain: np.ndarray | None = None
 
     @functools.cached_property
     def feature_starts(self) -> np.ndarray:
@@ -47,17 +51,23 @@ class DraftRound:
 def draft_batch_to_proto(session_ids: Sequence[str], committed_len: Sequence[int],
                          bonus_token: Sequence[int], features: Tensor,
                          num_features: Sequence[int], specs: Mapping[int, SpecParams],
-                         out: drafter_pb2.DraftBatch | None = None) -> drafter_pb2.DraftBatch:
-    """features: (sum C, k*H), num_features (R,) rows of it per row, in row order. Written
-    into `out` when given (an empty DraftBatch, e.g. a DraftRequest's `batch`): building
-    the message where it is sent saves copying the features into it (upb copies a
+                         out: drafter_pb2.DraftBatch | None = None,
+                         num_nodes: Sequence[int] = (),
+                         force_chain: Sequence[bool] = ()) -> drafter_pb2.DraftBatch:
+    """features: (sum C, k*H), num_features (R,) rows of it per row, in row order;
+    num_nodes / force_chain: (R,) each row's tree this round, or both empty. Written into
+    `out` when given (an empty DraftBatch, e.g. a DraftRequest's `batch`): building the
+    message where it is sent saves copying the features into it (upb copies a
     submessage on assignment)."""
     assert features.dim() == 2 and features.shape[0] == sum(num_features), features.shape
+    assert len(num_nodes) == len(force_chain) in (0, len(session_ids)), (num_nodes, force_chain)
     msg = drafter_pb2.DraftBatch() if out is None else out
     msg.session_ids.extend(session_ids)
     msg.committed_len.extend(committed_len)
     msg.bonus_token.extend(bonus_token)
     msg.num_features.extend(num_features)
+    msg.num_nodes.extend(num_nodes)
+    msg.force_chain.extend(force_chain)
     codec.tensor_to_proto(features, out=msg.features)
     for row, spec in specs.items():
         codec.spec_to_proto(spec, out=msg.specs[row])
@@ -87,9 +97,17 @@ def draft_round_from_proto(msg: drafter_pb2.DraftBatch, feature_width: int) -> D
     bad = [row for row in specs if not 0 <= row < num_rows]
     if bad:
         raise InvalidArgumentError(f"batch.specs: rows {bad} outside [0, {num_rows})")
+    num_nodes = force_chain = None
+    if msg.num_nodes or msg.force_chain:
+        if not len(msg.num_nodes) == len(msg.force_chain) == num_rows:
+            raise InvalidArgumentError(
+                f"batch: {num_rows} session_ids, but num_nodes / force_chain have "
+                f"{len(msg.num_nodes)} / {len(msg.force_chain)} (both empty or one per row)")
+        num_nodes = np.fromiter(msg.num_nodes, np.int64, num_rows)
+        force_chain = np.fromiter(msg.force_chain, np.bool_, num_rows)
     return DraftRound(list(msg.session_ids), np.fromiter(msg.committed_len, np.int64, num_rows),
                       np.fromiter(msg.bonus_token, np.int64, num_rows), num_features, features,
-                      specs)
+                      specs, num_nodes, force_chain)
 
 
 @dataclass

@@ -147,7 +147,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         """Every row's tree from ONE batched drafter round (a graph replay); the rows in
         `failed` (and those that fail their checks here) get their error instead."""
         num_rows = len(batch.session_ids)
-        _check_rows(batch, self.info.vocab_size, failed)
+        max_nodes = max(self.info.max_budget, self.info.block_size - 1)  # a chain always fits
+        _check_rows(batch, self.info.vocab_size, max_nodes, failed)
         tokens = parents = np.zeros((num_rows, 1), dtype=np.int64)
         num_nodes = np.zeros(num_rows, dtype=np.int64)
         with self._model_lock:
@@ -234,6 +235,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         ints[[SLOTS, BUDGET, FORCE_CHAIN, MAX_TOPK]] = np.array(
             [(row.slot, row.num_nodes, row.force_chain, row.spec.max_topk or 0)
              for _, row, _ in drafted], dtype=np.int64).T
+        if batch.num_nodes is not None and batch.force_chain is not None:  # this round's
+            # tree of each row, from the verifier (its auto rows change size every round)
+            ints[BUDGET], ints[FORCE_CHAIN] = batch.num_nodes[index], batch.force_chain[index]
         ints[COMMITTED], ints[BONUS] = batch.committed_len[index], batch.bonus_token[index]
         # A row that opens now has its features in its context already: nothing pending.
         ints[NUM_PENDING] = np.where([new for _, _, new in drafted], 0, batch.num_features[index])
@@ -243,11 +247,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return DraftInputs(ints, batch.features[torch.from_numpy(rows)])
 
 
-def _check_rows(batch: DraftRound, vocab_size: int, failed: dict[int, Exception]) -> None:
+def _check_rows(batch: DraftRound, vocab_size: int, max_nodes: int,
+                failed: dict[int, Exception]) -> None:
     """The checks of single rows that need no session, for all rows at once."""
     bonus, committed, num_new = batch.bonus_token, batch.committed_len, batch.num_features
-    if not ((bonus < 0) | (bonus >= vocab_size) | (committed < num_new)).any():
+    nodes = batch.num_nodes if batch.num_nodes is not None else np.ones_like(bonus)
+    bad_nodes = (nodes < 1) | (nodes > max_nodes)
+    if not ((bonus < 0) | (bonus >= vocab_size) | (committed < num_new) | bad_nodes).any():
         return  # the rule: one test for all rows, the loops below only name the bad ones
+    for r in np.flatnonzero(bad_nodes).tolist():
+        failed.setdefault(r, InvalidArgumentError(
+            f"num_nodes {nodes[r]} out of [1, {max_nodes}]"))
     for r in np.flatnonzero((bonus < 0) | (bonus >= vocab_size)).tolist():
         failed.setdefault(r, InvalidArgumentError(
             f"bonus_token {bonus[r]} out of [0, {vocab_size})"))

@@ -190,7 +190,8 @@ class RemoteDrafter:
         draft_codec.draft_batch_to_proto(
             [row.request_id for _, row in ordered], [row.committed_len for _, row in ordered],
             [row.bonus_token for _, row in ordered], features, num_features, specs,
-            out=request.batch)
+            out=request.batch, num_nodes=[row.num_nodes for _, row in ordered],
+            force_chain=[row.force_chain for _, row in ordered])
         return request, ordered
 
     def _exchange(self, request: drafter_pb2.DraftRequest,

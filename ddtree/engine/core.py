@@ -114,8 +114,8 @@ class Engine:
         self.policy = BudgetPolicy(depth, config.max_budget) if drafting is not None else None
         measure = (config.measure_policy if config.measure_policy is not None
                    else self.graphs.enabled)
-        self._measures_policy = measure and isinstance(drafting, LocalDrafter)
-        self._num_measurements = 0  # batch buckets measured for the policy so far
+        self._measures_policy = bool(measure)
+        self._measured_batches: set[int] = set()  # batch buckets measured for the policy
         self._in_flight: InFlight | None = None
         self._last_round_end = 0.0  # when the host last saw a round complete
         # Alternating halves (a remote drafter, see `step`): each half's launched round,
@@ -159,7 +159,7 @@ class Engine:
         stats.num_prompt_tokens = len(request.prompt_ids)
         return Row(request_id, request, num_nodes, request.stop_set(self._eos),
                    seed if seed is not None else secrets.randbits(63), stats, drafting=drafting,
-                   auto=mode == "auto")
+                   auto=mode == "auto", force_chain=MODE_RULES[mode].force_chain)
 
     def abort(self, request_id: str) -> bool:
         """Ends a waiting or running generation at once (its row is free for the next
@@ -338,7 +338,7 @@ class Engine:
         if auto:
             self._measure_policy(batch, auto)  # before the clock: not this round's cost
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
-        measurements = self._num_measurements
+        measurements = self.policy_measurements
         if auto and self.policy is not None:
             self._follow_policy(auto, batch)
         key = self._bucket(rows)
@@ -381,7 +381,7 @@ class Engine:
         auto = [row for row in flight.rows if row.auto]
         outputs = self._harvest(flight.rows, flight.host.tolist(), flight.logits, flight.width,
                                 stages)
-        measured = flight.measurements != self._num_measurements  # the wait measures that
+        measured = flight.measurements != self.policy_measurements  # the wait measures that
         if auto and self.policy is not None and not flight.captured and not measured:
             lengths = [row.num_pending for row in auto if row.auto]
             self.policy.observe(flight.key.batch, flight.key.num_nodes, seconds, lengths)
@@ -399,8 +399,13 @@ class Engine:
         choice = self.policy.choose(batch)
         for row in rows:
             if row.num_nodes != choice:
-                row.num_nodes = choice
-                self.state.set_tree_shape(row.slot, choice, choice == self.policy.depth)
+                row.num_nodes, row.force_chain = choice, choice == self.policy.depth
+                self.state.set_tree_shape(row.slot, choice, row.force_chain)
+
+    @property
+    def policy_measurements(self) -> int:
+        """Batch buckets measured for the policy so far (each once)."""
+        return len(self._measured_batches)
 
     def _measure_policy(self, batch: int, rows: list[Row]) -> None:
         """Times one round of every policy choice (ar too) at batch bucket `batch`, once:
@@ -408,14 +413,18 @@ class Engine:
         costs instead of exploring every tree size in traffic at every batch size. The
         scratch rows attend to `rows`' mean context over their generation (an empty
         context makes a tree's verify look cheap next to ar's: its attention reads
-        1 + N queries' keys)."""
+        1 + N queries' keys). With a remote drafter only ar is measured (its round is the
+        verifier's alone); tree rounds, the drafter's hop included, are timed in traffic,
+        so `auto` behind a slow hop goes to ar instead of trusting a prior."""
         policy = self.policy
-        if not self._measures_policy or policy is None or policy.is_measured(batch):
+        if not self._measures_policy or policy is None or batch in self._measured_batches:
             return
+        self._measured_batches.add(batch)
         context = sum(len(row.request.prompt_ids) + row.request.max_tokens // 2
                       for row in rows) // max(len(rows), 1)
         context = min(context, self.plan.max_model_len // 2)
-        for choice in (0, *policy.choices):
+        local = isinstance(self.drafting, LocalDrafter)
+        for choice in (0, *policy.choices) if local else (0,):
             key = BucketKey(batch, self.plan.node_bucket(choice))
             buffers = self._buffers_for(key)
             buffers.rows.fill_(self.state.scratch)
@@ -427,15 +436,14 @@ class Engine:
                 self._scratch_round(key, buffers, context)
             _sync(self.device)
             policy.measure(batch, choice, (time.perf_counter() - started) / POLICY_REPEATS)
-        self._num_measurements += 1
 
     def _scratch_round(self, key: BucketKey, buffers: RoundBuffers, context: int) -> None:
         """One round of `key` on scratch rows at committed length `context` (the verify
         resets the scratch row at its end)."""
         drafting = self.drafting
-        assert isinstance(drafting, LocalDrafter)
         self.state.ints[self.state.scratch, COMMITTED] = context
         if key.num_nodes:
+            assert isinstance(drafting, LocalDrafter)
             self._replay(("draft", key.batch, key.num_nodes), buffers,
                          lambda: draft_into(self.state, drafting, buffers))
         layers = self.feature_layers if key.num_nodes else ()

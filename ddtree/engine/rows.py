@@ -27,6 +27,7 @@ class Row:
     finished: bool = False
     drafting: bool = False  # the drafter holds this row's context
     auto: bool = False  # the tree size follows the budget policy
+    force_chain: bool = False  # its tree holds the block's rank-0 chain (mode rule; auto's chain)
     last_used_s: float = 0.0  # client sessions: for the idle timeout
     group: int = 0  # with a remote drafter: which of the two alternating groups (Engine.step)
 

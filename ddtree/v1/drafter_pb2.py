@@ -26,7 +26,7 @@ from ddtree.v1 import common_pb2 as ddtree_dot_v1_dot_common__pb2
 from ddtree.v1 import tensor_pb2 as ddtree_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64\x64tree/v1/drafter.proto\x12\tddtree.v1\x1a\x16\x64\x64tree/v1/common.proto\x1a\x16\x64\x64tree/v1/tensor.proto\"\x95\x01\n\tDraftItem\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\x12\x13\n\x0b\x62onus_token\x18\x03 \x01(\x05\x12#\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12#\n\x04spec\x18\x05 \x01(\x0b\x32\x15.ddtree.v1.SpecParams\"\xfe\x01\n\nDraftBatch\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\x15\n\rcommitted_len\x18\x02 \x03(\x03\x12\x13\n\x0b\x62onus_token\x18\x03 \x03(\x05\x12\x14\n\x0cnum_features\x18\x04 \x03(\x05\x12#\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12/\n\x05specs\x18\x06 \x03(\x0b\x32 .ddtree.v1.DraftBatch.SpecsEntry\x1a\x43\n\nSpecsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.ddtree.v1.SpecParams:\x02\x38\x01\"\x85\x01\n\x0c\x44raftRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.ddtree.v1.DraftItem\x12\x18\n\x10release_sessions\x18\x03 \x03(\t\x12$\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x15.ddtree.v1.DraftBatch\"\x7f\n\x0b\x44raftResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\x12\"\n\x04tree\x18\x03 \x01(\x0b\x32\x14.ddtree.v1.DraftTree\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\t\"<\n\nDraftError\x12\x0b\n\x03row\x18\x01 \x01(\x05\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x03 \x01(\t\"\xa4\x01\n\nDraftTrees\x12!\n\x06tokens\x18\x01 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12\"\n\x07parents\x18\x02 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12\x11\n\tnum_nodes\x18\x03 \x03(\x05\x12\x15\n\rcommitted_len\x18\x04 \x03(\x03\x12%\n\x06\x65rrors\x18\x05 \x03(\x0b\x32\x15.ddtree.v1.DraftError\"p\n\rDraftResponse\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\'\n\x07results\x18\x02 \x03(\x0b\x32\x16.ddtree.v1.DraftResult\x12$\n\x05trees\x18\x03 \x01(\x0b\x32\x15.ddtree.v1.DraftTrees\"\x14\n\x12\x44rafterInfoRequest\"\xbd\x01\n\x0b\x44rafterInfo\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\x05\x12\x18\n\x10target_layer_ids\x18\x03 \x03(\x05\x12\x13\n\x0bhidden_size\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x12\n\nmax_budget\x18\x06 \x01(\x05\x12\x19\n\x11num_target_layers\x18\x07 \x01(\x05\x12\x14\n\x0cwire_version\x18\x08 \x01(\x05\x32\x8b\x01\n\x07\x44rafter\x12>\n\x05\x44raft\x12\x17.ddtree.v1.DraftRequest\x1a\x18.ddtree.v1.DraftResponse(\x01\x30\x01\x12@\n\x07GetInfo\x12\x1d.ddtree.v1.DrafterInfoRequest\x1a\x16.ddtree.v1.DrafterInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64\x64tree/v1/drafter.proto\x12\tddtree.v1\x1a\x16\x64\x64tree/v1/common.proto\x1a\x16\x64\x64tree/v1/tensor.proto\"\x95\x01\n\tDraftItem\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\x12\x13\n\x0b\x62onus_token\x18\x03 \x01(\x05\x12#\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12#\n\x04spec\x18\x05 \x01(\x0b\x32\x15.ddtree.v1.SpecParams\"\xa6\x02\n\nDraftBatch\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\x15\n\rcommitted_len\x18\x02 \x03(\x03\x12\x13\n\x0b\x62onus_token\x18\x03 \x03(\x05\x12\x14\n\x0cnum_features\x18\x04 \x03(\x05\x12#\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12/\n\x05specs\x18\x06 \x03(\x0b\x32 .ddtree.v1.DraftBatch.SpecsEntry\x12\x11\n\tnum_nodes\x18\x07 \x03(\x05\x12\x13\n\x0b\x66orce_chain\x18\x08 \x03(\x08\x1a\x43\n\nSpecsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.ddtree.v1.SpecParams:\x02\x38\x01\"\x85\x01\n\x0c\x44raftRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.ddtree.v1.DraftItem\x12\x18\n\x10release_sessions\x18\x03 \x03(\t\x12$\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x15.ddtree.v1.DraftBatch\"\x7f\n\x0b\x44raftResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\x03\x12\"\n\x04tree\x18\x03 \x01(\x0b\x32\x14.ddtree.v1.DraftTree\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\t\"<\n\nDraftError\x12\x0b\n\x03row\x18\x01 \x01(\x05\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x03 \x01(\t\"\xa4\x01\n\nDraftTrees\x12!\n\x06tokens\x18\x01 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12\"\n\x07parents\x18\x02 \x01(\x0b\x32\x11.ddtree.v1.Tensor\x12\x11\n\tnum_nodes\x18\x03 \x03(\x05\x12\x15\n\rcommitted_len\x18\x04 \x03(\x03\x12%\n\x06\x65rrors\x18\x05 \x03(\x0b\x32\x15.ddtree.v1.DraftError\"p\n\rDraftResponse\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\'\n\x07results\x18\x02 \x03(\x0b\x32\x16.ddtree.v1.DraftResult\x12$\n\x05trees\x18\x03 \x01(\x0b\x32\x15.ddtree.v1.DraftTrees\"\x14\n\x12\x44rafterInfoRequest\"\xbd\x01\n\x0b\x44rafterInfo\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\x05\x12\x18\n\x10target_layer_ids\x18\x03 \x03(\x05\x12\x13\n\x0bhidden_size\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x12\n\nmax_budget\x18\x06 \x01(\x05\x12\x19\n\x11num_target_layers\x18\x07 \x01(\x05\x12\x14\n\x0cwire_version\x18\x08 \x01(\x05\x32\x8b\x01\n\x07\x44rafter\x12>\n\x05\x44raft\x12\x17.ddtree.v1.DraftRequest\x1a\x18.ddtree.v1.DraftResponse(\x01\x30\x01\x12@\n\x07GetInfo\x12\x1d.ddtree.v1.DrafterInfoRequest\x1a\x16.ddtree.v1.DrafterInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,23 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTITEM']._serialized_start=87
   _globals['_DRAFTITEM']._serialized_end=236
   _globals['_DRAFTBATCH']._serialized_start=239
-  _globals['_DRAFTBATCH']._serialized_end=493
-  _globals['_DRAFTBATCH_SPECSENTRY']._serialized_start=426
-  _globals['_DRAFTBATCH_SPECSENTRY']._serialized_end=493
-  _globals['_DRAFTREQUEST']._serialized_start=496
-  _globals['_DRAFTREQUEST']._serialized_end=629
-  _globals['_DRAFTRESULT']._serialized_start=631
-  _globals['_DRAFTRESULT']._serialized_end=758
-  _globals['_DRAFTERROR']._serialized_start=760
-  _globals['_DRAFTERROR']._serialized_end=820
-  _globals['_DRAFTTREES']._serialized_start=823
-  _globals['_DRAFTTREES']._serialized_end=987
-  _globals['_DRAFTRESPONSE']._serialized_start=989
-  _globals['_DRAFTRESPONSE']._serialized_end=1101
-  _globals['_DRAFTERINFOREQUEST']._serialized_start=1103
-  _globals['_DRAFTERINFOREQUEST']._serialized_end=1123
-  _globals['_DRAFTERINFO']._serialized_start=1126
-  _globals['_DRAFTERINFO']._serialized_end=1315
-  _globals['_DRAFTER']._serialized_start=1318
-  _globals['_DRAFTER']._serialized_end=1457
+  _globals['_DRAFTBATCH']._serialized_end=533
+  _globals['_DRAFTBATCH_SPECSENTRY']._serialized_start=466
+  _globals['_DRAFTBATCH_SPECSENTRY']._serialized_end=533
+  _globals['_DRAFTREQUEST']._serialized_start=536
+  _globals['_DRAFTREQUEST']._serialized_end=669
+  _globals['_DRAFTRESULT']._serialized_start=671
+  _globals['_DRAFTRESULT']._serialized_end=798
+  _globals['_DRAFTERROR']._serialized_start=800
+  _globals['_DRAFTERROR']._serialized_end=860
+  _globals['_DRAFTTREES']._serialized_start=863
+  _globals['_DRAFTTREES']._serialized_end=1027
+  _globals['_DRAFTRESPONSE']._serialized_start=1029
+  _globals['_DRAFTRESPONSE']._serialized_end=1141
+  _globals['_DRAFTERINFOREQUEST']._serialized_start=1143
+  _globals['_DRAFTERINFOREQUEST']._serialized_end=1163
+  _globals['_DRAFTERINFO']._serialized_start=1166
+  _globals['_DRAFTERINFO']._serialized_end=1355
+  _globals['_DRAFTER']._serialized_start=1358
+  _globals['_DRAFTER']._serialized_end=1497
 # @@protoc_insertion_point(module_scope)

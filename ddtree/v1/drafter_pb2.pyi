@@ -23,7 +23,7 @@ class DraftItem(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., committed_len: _Optional[int] = ..., bonus_token: _Optional[int] = ..., features: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., spec: _Optional[_Union[_common_pb2.SpecParams, _Mapping]] = ...) -> None: ...
 
 class DraftBatch(_message.Message):
-    __slots__ = ("session_ids", "committed_len", "bonus_token", "num_features", "features", "specs")
+    __slots__ = ("session_ids", "committed_len", "bonus_token", "num_features", "features", "specs", "num_nodes", "force_chain")
     class SpecsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,13 +37,17 @@ class DraftBatch(_message.Message):
     NUM_FEATURES_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     SPECS_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_FIELD_NUMBER: _ClassVar[int]
+    FORCE_CHAIN_FIELD_NUMBER: _ClassVar[int]
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     committed_len: _containers.RepeatedScalarFieldContainer[int]
     bonus_token: _containers.RepeatedScalarFieldContainer[int]
     num_features: _containers.RepeatedScalarFieldContainer[int]
     features: _tensor_pb2.Tensor
     specs: _containers.MessageMap[int, _common_pb2.SpecParams]
-    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., committed_len: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[_Iterable[int]] = ..., num_features: _Optional[_Iterable[int]] = ..., features: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., specs: _Optional[_Mapping[int, _common_pb2.SpecParams]] = ...) -> None: ...
+    num_nodes: _containers.RepeatedScalarFieldContainer[int]
+    force_chain: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., committed_len: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[_Iterable[int]] = ..., num_features: _Optional[_Iterable[int]] = ..., features: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., specs: _Optional[_Mapping[int, _common_pb2.SpecParams]] = ..., num_nodes: _Optional[_Iterable[int]] = ..., force_chain: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("round_id", "items", "release_sessions", "batch")

@@ -12,7 +12,9 @@ Stages (comma list, `--stages`):
             (cuBLAS); and
             transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
-  load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto
+  load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto,
+            all requests at once (the batch drains as rows finish): each point run twice,
+            cold (graphs captured, auto measuring) then warm (the row without /cold)
   acceptance  the acceptance table: every held-out set x T in {0, 1} x linear and tree
             budgets 8..128 in one process ($OUT/acceptance.md)
   profile   where a round's time goes at batch 1 and 8 (ar, tree@16, tree@32): wall time per
@@ -304,12 +306,20 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for name in ("ar", "tree@16", "tree@64", "auto"):
         for concurrency in (1, 8, 32, 64):
-            run_batch(engine, prompts[:concurrency], SPECS[name], 16)  # warm-up
-            run = run_batch(engine, prompts[:concurrency], SPECS[name], args.load_tokens)
-            rate = run["num_tokens"] / run["wall_s"]
-            rows[f"{name}/c{concurrency}"] = {"tok_s": round(rate, 1), "tau": round(run["tau"], 3)}
-            print(f"{name:>8} c{concurrency:<3}: {rate:9.1f} tok/s total  tau {run['tau']:.2f}",
-                  flush=True)
+            # The same run twice: the first (cold) captures the graphs of every shape the
+            # batch passes through as its rows finish (and `auto` measures and learns at
+            # those batch sizes); the second (warm) is a server's steady state.
+            for phase in ("cold", "warm"):
+                graphs, measured = engine.graphs.num_graphs, engine.policy_measurements
+                run = run_batch(engine, prompts[:concurrency], SPECS[name], args.load_tokens)
+                rate = run["num_tokens"] / run["wall_s"]
+                row = {"tok_s": round(rate, 1), "tau": round(run["tau"], 3),
+                       "graphs_captured": engine.graphs.num_graphs - graphs,
+                       "policy_measurements": engine.policy_measurements - measured}
+                rows[f"{name}/c{concurrency}" + ("" if phase == "warm" else "/cold")] = row
+                print(f"{name:>8} c{concurrency:<3} {phase}: {rate:9.1f} tok/s total  "
+                      f"tau {run['tau']:.2f}  graphs +{row['graphs_captured']}  "
+                      f"measured +{row['policy_measurements']}", flush=True)
     if engine.policy is not None:  # what `auto` believed: measured and traffic costs, tau
         rows["auto/policy"] = engine.policy.snapshot()
     return rows

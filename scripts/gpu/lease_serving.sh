@@ -50,7 +50,11 @@
 #           cost: speed with the trees built by the kernel and in PyTorch, every mode
 #           against ar, the round profile, load curves (auto), continuous load in process
 #           and through `ddtree serve`
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|22   (results under $OUT)
+#   call 23 (seventh session, after 1-3) the load curves cold then warm (graphs captured
+#           and auto's measurements counted per run), `auto` beside ar and tree@32 under
+#           continuous load in process and through `ddtree serve` (the remote drafter takes
+#           each row's tree shape per round; ar's round measured for the policy)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|23   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -113,6 +117,18 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+23)
+  stage_target
+  mark load curves
+  timeout 240 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | grep -v "^ *Loading" | tail -34
+  mark bench in process
+  MODES=ar,tree,auto REPEATS=1 load_bench --target $T --drafter $D 2>&1 \
+    | tee "$OUT/bench_inprocess.txt" | tail -9
+  MODES=ar,tree,auto REPEATS=1 serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  mark done
+  ;;
 1|2|3)
   cp .carry/g$1/part* /tmp/
   if [ "$1" = 1 ]; then

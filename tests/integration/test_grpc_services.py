@@ -401,6 +401,26 @@ def test_a_batched_round_fails_only_its_bad_rows_and_a_malformed_batch_fails_all
     assert trees[2].errors == {1: (trees[2].errors[1][0], "NOT_FOUND")}
 
 
+def test_a_rounds_tree_shapes_override_the_sessions_and_bad_ones_fail_their_row(
+    drafter_stub: drafter_pb2_grpc.DrafterStub,
+) -> None:
+    """Wire version 3 (the verifier's `auto` rows): each row's tree size and chain rule
+    for this round come with the round; a size outside [1, max nodes] fails its row."""
+    info = drafter_stub.GetInfo(drafter_pb2.DrafterInfoRequest(), timeout=RPC_TIMEOUT_S)
+    width = len(info.target_layer_ids) * info.hidden_size
+    depth = info.block_size - 1
+    shape = draft_codec.draft_batch_to_proto(
+        ["shape-a", "shape-b", "shape-c"], [3, 3, 3], [5, 5, 5], torch.randn(9, width),
+        [3, 3, 3], dict.fromkeys(range(3), SpecParams("tree", 16)),
+        num_nodes=[depth, 2, 0], force_chain=[True, False, False])
+    replies = list(drafter_stub.Draft(iter([drafter_pb2.DraftRequest(round_id=1, batch=shape)]),
+                                      timeout=RPC_TIMEOUT_S))
+    trees = draft_codec.draft_trees_from_proto(replies[0].trees, 3, 1 + 16)
+    assert trees.num_nodes.tolist() == [1 + depth, 3, 0]  # not the sessions' 16
+    assert trees.parents[0, : 1 + depth].tolist() == [-1, *range(depth)]  # the chain
+    assert trees.errors[2][1] == "INVALID_ARGUMENT" and "num_nodes 0" in trees.errors[2][0]
+
+
 def test_sessions_return_the_targets_features_on_request(
     verifier: Verifier, target: TargetModel, drafter_stub: drafter_pb2_grpc.DrafterStub
 ) -> None:

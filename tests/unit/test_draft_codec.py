@@ -1,4 +1,4 @@
-"""The Draft stream's batched messages (wire version 2): a round's rows and trees
+"""The Draft stream's batched messages (wire versions 2-3): a round's rows and trees
 round-trip through DraftBatch / DraftTrees, and malformed ones fail with a clear typed
 error before anything is trusted; segment_rows finds each row's features in the packed
 tensor."""
@@ -40,6 +40,18 @@ def test_a_batch_round_trips_with_each_rows_features_in_order() -> None:
     assert decoded.feature_starts.tolist() == [0, 2, 2]
     assert torch.equal(decoded.features, features)
     assert list(decoded.specs) == [1] and decoded.specs[1].budget == 4
+    assert decoded.num_nodes is None and decoded.force_chain is None  # the specs decide
+
+
+def test_each_rows_tree_of_the_round_round_trips() -> None:
+    """Wire version 3: an auto row's tree size changes from round to round."""
+    msg = draft_codec.draft_batch_to_proto(["a", "b"], [4, 9], [1, 2], torch.randn(2, WIDTH),
+                                           [1, 1], {}, num_nodes=[7, 32],
+                                           force_chain=[True, False])
+    decoded = draft_codec.draft_round_from_proto(msg, WIDTH)
+    assert decoded.num_nodes is not None and decoded.force_chain is not None
+    assert decoded.num_nodes.tolist() == [7, 32]
+    assert decoded.force_chain.tolist() == [True, False]
 
 
 @pytest.mark.parametrize("change, words", [
@@ -47,6 +59,7 @@ def test_a_batch_round_trips_with_each_rows_features_in_order() -> None:
     (lambda m: m.num_features.__setitem__(0, 3), "shape [5, 6], expected [6, 6]"),
     (lambda m: m.num_features.__setitem__(0, -1), "num_features must be >= 0"),
     (lambda m: m.specs[7].CopyFrom(m.specs[1]), "rows [7] outside [0, 2)"),
+    (lambda m: m.num_nodes.append(8), "num_nodes / force_chain have 1 / 0"),
 ])
 def test_a_malformed_batch_is_invalid_argument(change, words: str) -> None:  # noqa: ANN001
     msg = batch([2, 3])

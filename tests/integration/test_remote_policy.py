@@ -1,0 +1,86 @@
+"""`auto` behind a remote drafter: the engine measures ar's round at each batch bucket (the
+verifier's work alone, replayed on scratch rows) while tree rounds are timed in traffic,
+the drafter's hop included. So when the hop makes trees slower than ar, `auto` rows go to
+ar instead of judging ar by a prior of 0.7 chain rounds (which made trees look better
+than ar whatever the hop cost). Over the real drafter service on loopback gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.policy import MIN_SAMPLES
+from ddtree.models.target import TargetModel
+from ddtree.runtime import load_pair
+from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
+from verifier_svc.drafter_client import DrafterClient
+from verifier_svc.remote_drafter import RemoteDrafter
+
+
+@pytest.fixture(scope="module")
+def fp32_target(tiny_pair: Path) -> TargetModel:
+    model, _ = load_pair(tiny_pair / "target", None, torch.device("cpu"), torch.float32)
+    return model
+
+
+@pytest.fixture()
+def engine(drafter_port: int, fp32_target: TargetModel) -> Iterator[Engine]:
+    client = DrafterClient(f"127.0.0.1:{drafter_port}", 20.0, 20.0, fp32_target.config)
+    client.connect(wait=True)
+    assert client.info is not None, "the drafter service did not answer"
+    yield Engine(fp32_target, RemoteDrafter(client, client.info, 20.0),
+                 EngineConfig(max_num_seqs=4, max_queue=4, max_budget=MAX_BUDGET,
+                              measure_policy=True))
+    client.close()
+
+
+def run(engine: Engine, prompts: list[list[int]],
+        max_tokens: int) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Every prompt as an `auto` generation at once -> tokens and final mode per request."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"auto{i}", GenerationRequest(
+            prompt, max_tokens, spec=SpecParams("auto"), ignore_eos=True))
+    tokens: dict[str, list[int]] = {f"auto{i}": [] for i in range(len(prompts))}
+    modes: dict[str, str] = {}
+    while engine.has_work:
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+            if result.finished and result.stats is not None:
+                modes[request_id] = result.stats.mode
+    return tokens, modes
+
+
+def test_remote_auto_rows_measure_ar_alone_and_time_trees_in_traffic(
+        engine: Engine, fp32_target: TargetModel) -> None:
+    prompts = [make_prompt(fp32_target, 6 + i, 90 + i) for i in range(2)]
+    tokens, _ = run(engine, prompts, 12)
+    for i, prompt in enumerate(prompts):
+        assert tokens[f"auto{i}"] == greedy_tokens(fp32_target, prompt, 12)
+    policy = engine.policy
+    assert policy is not None
+    batches = policy.snapshot()["batches"]
+    assert isinstance(batches, dict) and "2" in batches
+    for batch, row in batches.items():  # 2, and 1 once a row finished first
+        choices = row["choices"]
+        assert choices["0"]["measured_ms"] is not None, batch  # ar: replayed on scratch rows
+        assert all(choices[str(c)]["measured_ms"] is None for c in policy.choices), batch
+    assert any(batches["2"]["choices"][str(c)]["traffic_rounds"] for c in policy.choices)
+    assert engine.policy_measurements == len(batches)  # once per batch bucket
+
+
+def test_remote_auto_rows_go_to_ar_when_the_hop_makes_trees_slower_than_ar(
+        engine: Engine, fp32_target: TargetModel) -> None:
+    policy = engine.policy
+    assert policy is not None
+    for choice in policy.choices:  # traffic: every tree round took 10 s (a slow hop)
+        for _ in range(MIN_SAMPLES):
+            policy.observe(1, choice, 10.0, [3])
+    prompt = make_prompt(fp32_target, 7, 97)
+    tokens, modes = run(engine, [prompt], 10)
+    assert tokens["auto0"] == greedy_tokens(fp32_target, prompt, 10)
+    assert policy.prefers_ar(1)  # ar measured in ms against 3 tokens per 10 s
+    assert modes == {"auto0": "ar"}  # admitted as ar: it never drafted
