@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.config import Granularity
 
-Mode = Literal["ar", "linear", "tree", "shadow"]
+# The engine's modes (ddtree.engine.request.MODES; a test keeps the two equal).
+Mode = Literal["ar", "linear", "tree", "shadow", "auto"]
 # The wire's int32 fields (token ids, max_tokens, budgets) end at 2^31 - 1: a larger value
 # is a 400 naming its parameter, never an overflow inside the gateway.
 INT32_MAX = 2**31 - 1

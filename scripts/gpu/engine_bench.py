@@ -15,6 +15,7 @@ Stages (comma list, `--stages`):
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto,
             all requests at once (the batch drains as rows finish): each point run twice,
             cold (graphs captured, auto measuring) then warm (the row without /cold)
+  autoseq   `auto` one request after another: each one's tau and final policy state
   acceptance  the acceptance table: every held-out set x T in {0, 1} x linear and tree
             budgets 8..128 in one process ($OUT/acceptance.md)
   profile   where a round's time goes at batch 1 and 8 (ar, tree@16, tree@32): wall time per
@@ -325,6 +326,26 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
+def stage_autoseq(args: argparse.Namespace) -> dict[str, Any]:
+    """`auto` one request after another (concurrency 1, as `ddtree bench` runs c1): each
+    request's tokens per round and final mode, and what the policy believes after it."""
+    target, drafter, tokenizer = load(args, torch.bfloat16)
+    prompts = humaneval_prompts(args.humaneval, tokenizer, 24)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024))
+    rows: dict[str, Any] = {}
+    for i, prompt in enumerate(prompts):
+        run = run_batch(engine, [prompt], SPECS["auto"], args.max_tokens)
+        assert engine.policy is not None
+        snapshot = engine.policy.snapshot()
+        rows[f"request{i}"] = {"tau": round(run["tau"], 3), "tok_s": round(
+            run["num_tokens"] / run["wall_s"], 1), "policy": snapshot}
+        print(f"autoseq {i:>2}: tau {run['tau']:.2f}  "
+              f"{run['num_tokens'] / run['wall_s']:8.1f} tok/s  "
+              f"tau per size {json.dumps(snapshot['tau'])}  prefers_ar "
+              f"{ {b: v['prefers_ar'] for b, v in snapshot['batches'].items()} }", flush=True)
+    return rows
+
+
 def stage_profile(args: argparse.Namespace) -> dict[str, Any]:
     """Per-round wall time vs the GPU time of the draft and verify halves, then the top
     kernels (CUDA time) of a few profiled rounds, per (mode, batch)."""
@@ -472,6 +493,7 @@ def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     stages = {"exact": stage_exact, "speed": stage_speed, "load": stage_load,
               "exactsets": stage_exact_sets, "profile": stage_profile,
+              "autoseq": stage_autoseq,
               "acceptance": stage_acceptance,
               "shapes8b": stage_shapes8b,
               "fp32": lambda a: stage_exact(a, torch.float32, ("ar", "linear", "tree@64"))}

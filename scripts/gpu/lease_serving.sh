@@ -54,7 +54,9 @@
 #           and auto's measurements counted per run), `auto` beside ar and tree@32 under
 #           continuous load in process and through `ddtree serve` (the remote drafter takes
 #           each row's tree shape per round; ar's round measured for the policy)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|23   (results under $OUT)
+#   call 24 (warm after 23) `auto` request after request in process (the policy after each),
+#           then ar and auto through `ddtree serve` (the gateway refused `auto` until now)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|24   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -117,6 +119,14 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+24)
+  mark autoseq
+  timeout 120 python3 scripts/gpu/engine_bench.py --stages autoseq --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | grep -v "^ *Loading" | cut -c1-400 | tail -26
+  MODES=ar,auto REPEATS=1 serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
+  mark done
+  ;;
 23)
   stage_target
   mark load curves

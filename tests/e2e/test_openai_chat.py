@@ -129,6 +129,16 @@ def test_ddtree_extension_sets_mode_and_budget_per_request(client: openai.OpenAI
     assert (default["mode"], default["budget"]) == ("tree", 6)  # the verifier's defaults
 
 
+def test_auto_mode_passes_the_gateway_and_serves_the_ar_tokens(client: openai.OpenAI) -> None:
+    """`auto` (the tree size follows measured gain, down to ar) is a mode like the others
+    at the gateway (it was refused as unknown); at T = 0 it serves ar's text."""
+    auto = create(client, max_tokens=12, extra_body={"ddtree": {"mode": "auto"}})
+    ar = create(client, max_tokens=12, extra_body={"ddtree": {"mode": "ar"}})
+    assert auto.choices[0].message.content == ar.choices[0].message.content
+    stats = auto.model_extra["ddtree_stats"]
+    assert stats["mode"] in ("auto", "ar") and stats["num_rounds"] > 0
+
+
 def test_n_choices_at_temperature_zero_agree(client: openai.OpenAI) -> None:
     reply = create(client, max_tokens=8, n=2)
     assert [c.index for c in reply.choices] == [0, 1]

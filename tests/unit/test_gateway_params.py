@@ -127,3 +127,12 @@ def test_completion_prompts_in_every_form(
     if isinstance(prompt, list) and isinstance(prompt[0], list):
         assert firsts == prompt
     assert plan.num_prompt_tokens == sum(len(p) for p in firsts)
+
+
+def test_the_gateway_accepts_exactly_the_engines_modes() -> None:
+    from typing import get_args
+
+    from ddtree.engine.request import MODES
+    from gateway.schemas import Mode
+
+    assert get_args(Mode) == MODES
