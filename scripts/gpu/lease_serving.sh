@@ -54,7 +54,7 @@
 #           and auto's measurements counted per run), `auto` beside ar and tree@32 under
 #           continuous load in process and through `ddtree serve` (the remote drafter takes
 #           each row's tree shape per round; ar's round measured for the policy)
-#   call 24 (warm after 23) `auto` request after request in process (the policy after each),
+#   call 24 (after 1-3, or warm after 23) `auto` request after request in process (the policy after each),
 #           then ar and auto through `ddtree serve` (the gateway refused `auto` until now)
 # Usage: bash scripts/gpu/lease_serving.sh 1|2|...|24   (results under $OUT)
 set -uo pipefail
@@ -120,6 +120,7 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 
 case "${1:?call number}" in
 24)
+  [ -f $T/config.json ] || stage_target
   mark autoseq
   timeout 120 python3 scripts/gpu/engine_bench.py --stages autoseq --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | grep -v "^ *Loading" | cut -c1-400 | tail -26
