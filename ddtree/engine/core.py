@@ -339,8 +339,10 @@ class Engine:
             self._measure_policy(batch, auto)  # before the clock: not this round's cost
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         measurements = self.policy_measurements
-        if auto and self.policy is not None:
-            self._follow_policy(auto, batch)
+        if self.policy is not None:
+            self.policy.tick()
+            if auto:
+                self._follow_policy(auto, batch)
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
         slots = [row.slot for row in rows] + [self.state.scratch] * (key.batch - len(rows))

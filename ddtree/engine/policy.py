@@ -11,6 +11,13 @@ a row that stops drafting cannot resume (the drafter's context would miss rows),
 rows go to ar only when ar beats the best tree by `AR_MARGIN`, and new `auto` rows are then
 admitted as ar. A per-request mode and budget always win: only `auto` rows follow this.
 
+Going to ar is the one decision that cannot be undone for the rows it stops, so it waits
+for more evidence than picking a tree size: the best tree's acceptance from AR_MIN_SAMPLES
+rows x rounds, traffic costs as medians (a round stalled by the host's other work does not
+count), and acceptance seen within the last AR_EVIDENCE_ROUNDS rounds. Older evidence makes
+new `auto` rows draft again, so a bucket that once preferred ar is judged again on fresh
+acceptance instead of staying in ar for the life of the server.
+
 Costs come from traffic (each round's wall time, per batch bucket and tree size) and, where
 the engine measured them (`measure`: the captured graphs of every choice replayed on scratch
 rows when a batch bucket first carries auto rows), from that measurement until traffic has
@@ -22,13 +29,23 @@ rows never run) is judged by its measured cost instead of the prior.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 # Weight of the newest measurement in a moving average.
 EMA_WEIGHT = 0.1
 # Rounds a choice is measured at a batch size before it is judged.
 MIN_SAMPLES = 4
-# A measured choice is tried again after this many rounds at its batch bucket.
+# Traffic costs: the median of this many latest rounds (one round that waited for the
+# host's other work - the GIL, a collection - must not decide for ar for good).
+COST_WINDOW = 16
+# Going to ar cannot be undone by the rows it stops: it needs the best tree's acceptance
+# from this many rows x rounds, and every choice's acceptance seen within
+# AR_EVIDENCE_ROUNDS rounds (older evidence is refreshed by new rows, which draft again).
+AR_MIN_SAMPLES = 16
+AR_EVIDENCE_ROUNDS = 10_000
+# A measured choice is tried again after this many rounds (engine rounds, `tick`).
 REEXPLORE_ROUNDS = 200
 # ar must win by this factor before drafting rows give up drafting. (1.1 kept the demo
 # pair's auto rows on tree@16 at batch 8 on the H200, where ar was 1.10x faster and in
@@ -55,13 +72,31 @@ class _Average:
 
 
 @dataclass
+class _Window:
+    """A traffic cost: the median of the latest COST_WINDOW samples."""
+
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    count: int = 0
+    last_round: int = 0
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.samples)
+
+    def add(self, x: float, round_index: int) -> None:
+        self.samples.append(x)
+        self.count += 1
+        self.last_round = round_index
+
+
+@dataclass
 class BudgetPolicy:
     """depth: L, the draft block's depth (the chain's size); max_budget: the largest tree."""
 
     depth: int
     max_budget: int
     _tau: dict[int, _Average] = field(default_factory=dict)
-    _cost: dict[tuple[int, int], _Average] = field(default_factory=dict)
+    _cost: dict[tuple[int, int], _Window] = field(default_factory=dict)
     _measured: dict[tuple[int, int], float] = field(default_factory=dict)
     _round: int = 0
 
@@ -79,10 +114,13 @@ class BudgetPolicy:
     def is_measured(self, batch: int) -> bool:
         return all((batch, c) in self._measured for c in (0, *self.choices))
 
+    def tick(self) -> None:
+        """One engine round was launched (whatever its rows): the policy's clock."""
+        self._round += 1
+
     def choose(self, batch: int) -> int:
         """The tree size for this round's auto rows at batch bucket `batch` (never 0: see
         `prefers_ar`)."""
-        self._round += 1
         for choice in self.choices:
             if self._cost_of(batch, choice) is None:
                 return choice  # not measured enough at this batch size yet: try it
@@ -129,12 +167,18 @@ class BudgetPolicy:
 
     def prefers_ar(self, batch: int) -> bool:
         """Whether ar beats the best tree by AR_MARGIN at this batch bucket (judged once
-        every tree size was measured there and its acceptance is known)."""
+        every tree size was measured there, its acceptance is known and recent, and the
+        best tree's acceptance rests on AR_MIN_SAMPLES rows x rounds)."""
         if any(self._cost_of(batch, c) is None for c in self.choices):
             return False
-        if any(c not in self._tau or self._tau[c].count < MIN_SAMPLES for c in self.choices):
+        oldest = self._round - AR_EVIDENCE_ROUNDS
+        if any(c not in self._tau or self._tau[c].count < MIN_SAMPLES
+               or self._tau[c].last_round < oldest for c in self.choices):
             return False
-        best = max(self.throughput(batch, c) for c in self.choices)
+        best_choice = max(self.choices, key=lambda c: self.throughput(batch, c))
+        if self._tau[best_choice].count < AR_MIN_SAMPLES:
+            return False
+        best = self.throughput(batch, best_choice)
         ar, chain = self._latest_cost(batch, 0), self._cost_of(batch, self.depth)
         if ar is not None and ar > 0:
             ar_rate = 1.0 / ar
@@ -170,7 +214,7 @@ class BudgetPolicy:
         """One round at batch bucket `batch` with node bucket `num_nodes` took `seconds`;
         its auto rows (run at that size) committed `acceptance_lengths` tokens. (The engine
         leaves out rounds that captured a graph: they measure the capture.)"""
-        self._cost.setdefault((batch, num_nodes), _Average()).add(seconds, self._round)
+        self._cost.setdefault((batch, num_nodes), _Window()).add(seconds, self._round)
         for length in acceptance_lengths:
             self._tau.setdefault(num_nodes, _Average()).add(float(length), self._round)
 

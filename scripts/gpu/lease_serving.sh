@@ -54,8 +54,9 @@
 #           and auto's measurements counted per run), `auto` beside ar and tree@32 under
 #           continuous load in process and through `ddtree serve` (the remote drafter takes
 #           each row's tree shape per round; ar's round measured for the policy)
-#   call 24 (after 1-3, or warm after 23) `auto` request after request in process (the policy after each),
-#           then ar and auto through `ddtree serve` (the gateway refused `auto` until now)
+#   call 24 (after 1-3, or warm after 23) `auto` request after request in process (the policy after
+#           each), auto under continuous load in process, then ar and auto through `ddtree
+#           serve` (the gateway refused `auto` until now)
 # Usage: bash scripts/gpu/lease_serving.sh 1|2|...|24   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
@@ -124,6 +125,9 @@ case "${1:?call number}" in
   mark autoseq
   timeout 120 python3 scripts/gpu/engine_bench.py --stages autoseq --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | grep -v "^ *Loading" | cut -c1-400 | tail -26
+  mark bench in process
+  MODES=auto REPEATS=1 load_bench --target $T --drafter $D 2>&1 \
+    | tee "$OUT/bench_inprocess.txt" | tail -3
   MODES=ar,auto REPEATS=1 serve_bench || exit 3
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   mark done

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
-from ddtree.engine.policy import MIN_SAMPLES
+from ddtree.engine.policy import AR_MIN_SAMPLES
 from ddtree.models.target import TargetModel
 from ddtree.runtime import load_pair
 from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
@@ -77,7 +77,7 @@ def test_remote_auto_rows_go_to_ar_when_the_hop_makes_trees_slower_than_ar(
     policy = engine.policy
     assert policy is not None
     for choice in policy.choices:  # traffic: every tree round took 10 s (a slow hop)
-        for _ in range(MIN_SAMPLES):
+        for _ in range(AR_MIN_SAMPLES):
             policy.observe(1, choice, 10.0, [3])
     prompt = make_prompt(fp32_target, 7, 97)
     tokens, modes = run(engine, [prompt], 10)

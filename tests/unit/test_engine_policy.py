@@ -10,7 +10,13 @@ import torch
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams, generate
 from ddtree.engine.core import POLICY_REPEATS
 from ddtree.engine.generate import build_engine
-from ddtree.engine.policy import MIN_SAMPLES, BudgetPolicy
+from ddtree.engine.policy import (
+    AR_EVIDENCE_ROUNDS,
+    AR_MIN_SAMPLES,
+    COST_WINDOW,
+    MIN_SAMPLES,
+    BudgetPolicy,
+)
 from ddtree.engine.timing import round_cost
 from ddtree.models.tiny import make_tiny_pair
 from ddtree.runtime import load_pair
@@ -21,6 +27,7 @@ def feed(policy: BudgetPolicy, batch: int, cost: dict[int, float], tau: dict[int
     """Runs `rounds` decisions, answering each with the given cost and acceptance."""
     picks = []
     for _ in range(rounds):
+        policy.tick()
         choice = policy.choose(batch)
         picks.append(choice)
         policy.observe(batch, choice, cost[choice], [round(tau[choice])] * 2)
@@ -45,6 +52,8 @@ def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
     policy = BudgetPolicy(depth=7, max_budget=16)
     assert not policy.prefers_ar(4)  # nothing measured yet
     feed(policy, 4, {7: 1.0, 16: 1.2}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES)
+    assert not policy.prefers_ar(4)  # the best tree's acceptance rests on 8 samples
+    feed(policy, 4, {7: 1.0, 16: 1.2}, {7: 1.0, 16: 1.0}, AR_MIN_SAMPLES // 2)
     assert policy.prefers_ar(4)  # the prior: an ar round costs 0.7 of a chain round
     policy.observe(4, 0, 0.97, [])  # measured: ar barely cheaper than the chain
     assert not policy.prefers_ar(4)
@@ -52,6 +61,22 @@ def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
     feed(policy, 8, {7: 1.0, 16: 2.0}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES)
     policy.observe(8, 0, 1 / 1.08, [])
     assert policy.prefers_ar(8)
+
+
+def test_ar_is_judged_again_on_fresh_acceptance_once_its_evidence_is_old() -> None:
+    """A bucket that went to ar admits new auto rows as ar only while the acceptance it
+    judged by is recent: later the rows draft again and the policy re-measures."""
+    policy = BudgetPolicy(depth=7, max_budget=16)
+    for choice, cost in {0: 1.0, 7: 2.0, 16: 2.2}.items():
+        policy.measure(1, choice, cost)
+    feed(policy, 1, {7: 2.0, 16: 2.2}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    assert policy.prefers_ar(1)
+    for _ in range(AR_EVIDENCE_ROUNDS):  # ar rounds: no acceptance seen meanwhile
+        policy.tick()
+    assert not policy.prefers_ar(1)  # new rows draft: every size is tried again
+    picks = feed(policy, 1, {7: 2.0, 16: 2.2}, {7: 4.0, 16: 4.0}, 2)
+    assert set(picks) == {7, 16}
+    assert not policy.prefers_ar(1)  # acceptance 4 now: 4 / 2.0 beats ar's 1 / 1.0
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +123,7 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
     for _ in range(4 * MIN_SAMPLES):  # acceptance is explored once, at batch 1 ...
         choice = policy.choose(1)
         picks.append(choice)
-        policy.observe(1, choice, 1.6, [tau[choice]] * 2)
+        policy.observe(1, choice, 1.6, [tau[choice]] * AR_MIN_SAMPLES)  # 16 rows
     # ... traffic now costs every tree 1.6 at batch 1: 3 / 1.6 is best
     assert set(picks) == {15, 16, 32, 64} and policy.choose(1) in (32, 64)
     assert policy.choose(64) == 15  # not explored again at batch 64: the chain is best there
@@ -172,7 +197,7 @@ def test_auto_rows_admitted_together_start_as_ar_when_their_joint_bucket_prefers
     policy = engine.policy
     assert policy is not None
     for choice in policy.choices:  # alone, trees pay (tau 3 at cost 1) ...
-        for _ in range(MIN_SAMPLES):
+        for _ in range(AR_MIN_SAMPLES):
             policy.observe(1, choice, 1.0, [3])
     for choice in (0, *policy.choices):  # ... at batch bucket 4 ar's round is 10x cheaper
         policy.measure(4, choice, 1.0 if choice == 0 else 10.0)
@@ -195,11 +220,16 @@ def test_auto_rows_admitted_together_start_as_ar_when_their_joint_bucket_prefers
     assert all(not row.drafting and row.stats.mode == "ar" for row in engine.running.values())
 
 
-def test_a_slow_first_round_weighs_as_one_sample_among_the_first_few() -> None:
+def test_a_stalled_round_does_not_move_a_traffic_cost() -> None:
+    """Costs are medians: a new shape's first round (one-time costs) or a round that
+    waited for the host's other work counts as one sample among the latest few."""
     policy = BudgetPolicy(depth=7, max_budget=16)
-    for seconds in (4.0, 1.0, 1.0, 1.0):  # a new shape's first round pays one-time costs
+    for seconds in (4.0, 1.0, 1.0, 1.0):
         policy.observe(2, 7, seconds, [1])
-    assert policy.throughput(2, 7) == pytest.approx(1 / 1.75)  # the mean, not ~3.2
+    assert policy.throughput(2, 7) == pytest.approx(1.0)  # not 1 / 1.75, the mean
+    for _ in range(COST_WINDOW):  # the window follows the traffic: the round got slower
+        policy.observe(2, 7, 2.0, [1])
+    assert policy.throughput(2, 7) == pytest.approx(0.5)
 
 
 def test_measured_rounds_attend_to_the_rows_mean_context(pair, monkeypatch) -> None:
