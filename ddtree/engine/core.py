@@ -64,6 +64,8 @@ class InFlight:
     started: float
     captured: bool  # a graph was captured: the round's time measures the capture
     measurements: int  # the engine's policy measurements at launch (one since: ditto)
+    auto_rows: list[int]  # indices into rows of the auto rows, whose tree size was...
+    auto_choice: int  # ... the policy's choice for this round (0: none)
 
 
 @dataclass
@@ -339,10 +341,11 @@ class Engine:
             self._measure_policy(batch, auto)  # before the clock: not this round's cost
         started, num_graphs = time.perf_counter(), self.graphs.num_graphs
         measurements = self.policy_measurements
+        auto_choice = 0
         if self.policy is not None:
             self.policy.tick()
             if auto:
-                self._follow_policy(auto, batch)
+                auto_choice = self._follow_policy(auto, batch)
         key = self._bucket(rows)
         buffers = self._buffers_for(key)
         slots = [row.slot for row in rows] + [self.state.scratch] * (key.batch - len(rows))
@@ -370,7 +373,8 @@ class Engine:
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
         return InFlight(rows, key, buffers.width, host, done, timer, verified.logits, started,
-                        self.graphs.num_graphs != num_graphs, measurements)
+                        self.graphs.num_graphs != num_graphs, measurements,
+                        [i for i, row in enumerate(rows) if row.auto], auto_choice)
 
     def _complete(self, flight: InFlight) -> list[Output]:
         """Waits for a launched round and turns its output table into results."""
@@ -380,29 +384,31 @@ class Engine:
         seconds = round_cost(flight.started, finished, self._last_round_end)
         self._last_round_end = finished
         stages = dict(zip(("draft", "verify"), flight.timer.seconds(), strict=True))
-        auto = [row for row in flight.rows if row.auto]
-        outputs = self._harvest(flight.rows, flight.host.tolist(), flight.logits, flight.width,
-                                stages)
+        table = flight.host.tolist()
+        outputs = self._harvest(flight.rows, table, flight.logits, flight.width, stages)
         measured = flight.measurements != self.policy_measurements  # the wait measures that
-        if auto and self.policy is not None and not flight.captured and not measured:
-            lengths = [row.num_pending for row in auto if row.auto]
-            self.policy.observe(flight.key.batch, flight.key.num_nodes, seconds, lengths)
+        if flight.auto_choice and self.policy is not None and not flight.captured and not measured:
+            width = flight.width  # each auto row's accepted path: its node indices, root first
+            paths = [table[i][2 + width: 2 + width + table[i][0]] for i in flight.auto_rows]
+            self.policy.observe(flight.key.batch, flight.key.num_nodes, seconds,
+                                flight.auto_choice, paths)
         return outputs
 
-    def _follow_policy(self, rows: list[Row], batch: int) -> None:
-        """Sets the auto rows' tree size for this round (or ends their drafting)."""
+    def _follow_policy(self, rows: list[Row], batch: int) -> int:
+        """Sets the auto rows' tree size for this round (or ends their drafting: 0)."""
         assert self.policy is not None
         if self.policy.prefers_ar(batch):
             for row in rows:
                 row.auto, row.num_nodes = False, 0
                 row.stats.mode = "ar"
                 self._stop_drafting(row)
-            return
+            return 0
         choice = self.policy.choose(batch)
         for row in rows:
             if row.num_nodes != choice:
                 row.num_nodes, row.force_chain = choice, choice == self.policy.depth
                 self.state.set_tree_shape(row.slot, choice, row.force_chain)
+        return choice
 
     @property
     def policy_measurements(self) -> int:

@@ -4,12 +4,21 @@ batch size, the measured acceptance length per tree size and the measured round 
 
 Expected throughput of a choice with n tree nodes at batch bucket B is tau(n) / cost(B, n)
 tokens per second per row (tau = tokens committed per round, bonus included). The policy
-takes the best measured choice; a choice not yet measured at this batch size is tried once
-first (exploration), and every `REEXPLORE_ROUNDS` rounds the least recently measured
-choice is tried again, so estimates follow the traffic. `ar` (no tree) is a choice too, but
-a row that stops drafting cannot resume (the drafter's context would miss rows), so `auto`
-rows go to ar only when ar beats the best tree by `AR_MARGIN`, and new `auto` rows are then
-admitted as ar. A per-request mode and budget always win: only `auto` rows follow this.
+takes the best measured choice. `ar` (no tree) is a choice too, but a row that stops
+drafting cannot resume (the drafter's context would miss rows), so `auto` rows go to ar only
+when ar beats the best tree by `AR_MARGIN`, and new `auto` rows are then admitted as ar. A
+per-request mode and budget always win: only `auto` rows follow this.
+
+Acceptance: DDTree's trees are nested (the best n prefixes are among the best m > n, and a
+tree's nodes are numbered best first), so one round's accepted path tells what every smaller
+tree would have accepted: the path's leading nodes numbered <= n. Every round therefore
+gives every tree size up to its own an acceptance sample from the same text, and exploring
+means running the LARGEST tree (and the chain, which is not nested with the trees) for a
+few rounds, again every REEXPLORE_ROUNDS rounds. (Sizes measured in separate rounds compared
+acceptance at different places of different answers: on the H200 one answer's hard
+opening made every size look like 1.6 tokens a round and sent `auto` to ar for good.)
+Acceptance is a long moving average (TAU_WEIGHT): it varies more along an answer than
+between tree sizes.
 
 Going to ar is the one decision that cannot be undone for the rows it stops, so it waits
 for more evidence than picking a tree size: the best tree's acceptance from AR_MIN_SAMPLES
@@ -24,7 +33,8 @@ rows when a batch bucket first carries auto rows), from that measurement until t
 MIN_SAMPLES rounds of a choice (traffic includes the host's work and real contexts, which
 the replay on empty scratch rows does not). So exploring is left to tau, which does not
 depend on the batch: no tree size has to be tried at every batch size, and ar (which auto
-rows never run) is judged by its measured cost instead of the prior.
+rows never run) is judged by its measured cost instead of the prior. Without a measurement
+(a remote drafter: only ar is measured), each size is run MIN_SAMPLES rounds for its cost.
 """
 
 from __future__ import annotations
@@ -33,8 +43,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# Weight of the newest measurement in a moving average.
-EMA_WEIGHT = 0.1
+# Weight of the newest acceptance sample (one row, one round) in its moving average.
+TAU_WEIGHT = 1 / 64
 # Rounds a choice is measured at a batch size before it is judged.
 MIN_SAMPLES = 4
 # Traffic costs: the median of this many latest rounds (one round that waited for the
@@ -43,7 +53,7 @@ COST_WINDOW = 16
 # Going to ar cannot be undone by the rows it stops: it needs the best tree's acceptance
 # from this many rows x rounds, and every choice's acceptance seen within
 # AR_EVIDENCE_ROUNDS rounds (older evidence is refreshed by new rows, which draft again).
-AR_MIN_SAMPLES = 16
+AR_MIN_SAMPLES = 64
 AR_EVIDENCE_ROUNDS = 10_000
 # A measured choice is tried again after this many rounds (engine rounds, `tick`).
 REEXPLORE_ROUNDS = 200
@@ -63,10 +73,9 @@ class _Average:
     last_round: int = 0
 
     def add(self, x: float, round_index: int) -> None:
-        """The plain mean while there are few samples (a slow first round at a new shape
-        weighs 1/n, not 90% for tens of rounds), then the moving average."""
+        """The plain mean of the first 1 / TAU_WEIGHT samples, then the moving average."""
         self.count += 1
-        weight = max(EMA_WEIGHT, 1.0 / self.count)
+        weight = max(TAU_WEIGHT, 1.0 / self.count)
         self.value = (1 - weight) * self.value + weight * x
         self.last_round = round_index
 
@@ -124,11 +133,12 @@ class BudgetPolicy:
         for choice in self.choices:
             if self._cost_of(batch, choice) is None:
                 return choice  # not measured enough at this batch size yet: try it
-        for choice in self.choices:
+        explore = (self.choices[-1], self.depth)  # the largest tree tells every smaller one
+        for choice in explore:
             tau = self._tau.get(choice)
             if tau is None or tau.count < MIN_SAMPLES:
                 return choice  # its acceptance is not known yet
-        stale = min(self.choices, key=lambda c: self._last_seen(batch, c))
+        stale = min(explore, key=lambda c: self._last_seen(batch, c))
         if self._round - self._last_seen(batch, stale) > REEXPLORE_ROUNDS:
             return stale
         return max(self.choices, key=lambda c: self.throughput(batch, c))
@@ -209,14 +219,29 @@ class BudgetPolicy:
                for c, a in sorted(self._tau.items())}
         return {"batches": per_batch, "tau": tau, "round": self._round}
 
-    def observe(self, batch: int, num_nodes: int, seconds: float,
-                acceptance_lengths: list[int]) -> None:
+    def observe(self, batch: int, num_nodes: int, seconds: float, choice: int,
+                paths: list[list[int]]) -> None:
         """One round at batch bucket `batch` with node bucket `num_nodes` took `seconds`;
-        its auto rows (run at that size) committed `acceptance_lengths` tokens. (The engine
-        leaves out rounds that captured a graph: they measure the capture.)"""
+        its auto rows ran `choice` and accepted `paths` (each row's path: the node indices
+        of its committed tokens, root first). (The engine leaves out rounds that captured a
+        graph: they measure the capture.)"""
         self._cost.setdefault((batch, num_nodes), _Window()).add(seconds, self._round)
-        for length in acceptance_lengths:
-            self._tau.setdefault(num_nodes, _Average()).add(float(length), self._round)
+        sizes = [choice] if choice == self.depth else [  # the chain is not nested
+            c for c in self.choices if c != self.depth and c <= choice]
+        for path in paths:
+            for size in sizes:
+                self._tau.setdefault(size, _Average()).add(
+                    float(accepted_within(path, size)), self._round)
+
+
+def accepted_within(path: list[int], num_nodes: int) -> int:
+    """What a tree of the best `num_nodes` nodes would have accepted where a larger nested
+    tree accepted `path` (node indices, root first, numbered best first): the root and the
+    path's leading nodes numbered <= num_nodes."""
+    length = 1
+    while length < len(path) and path[length] <= num_nodes:
+        length += 1
+    return length
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -57,7 +57,10 @@
 #   call 24 (after 1-3, or warm after 23) `auto` request after request in process (the policy after
 #           each), auto under continuous load in process, then ar and auto through `ddtree
 #           serve` (the gateway refused `auto` until now)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|24   (results under $OUT)
+#   call 25 (after 1-3) the policy on nested acceptance: `auto` request after request, every
+#           mode against ar (auto at c1 and c8 included), the load curves cold and warm, ar /
+#           tree@32 / auto under continuous load in process and through `ddtree serve`
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|25   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -120,6 +123,23 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+25)
+  [ -f $T/config.json ] || stage_target
+  mark autoseq, exact
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages autoseq,exact --target $T \
+    --drafter $D --humaneval $H 2>&1 | grep -v Warn | grep -v "^ *Loading" | cut -c1-300 \
+    | grep -v " c[18]: =6/6" | tail -30
+  mark load curves
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep "auto\|ar c\|stage" | tail -18
+  mark bench in process
+  MODES=ar,tree,auto REPEATS=1 load_bench --target $T --drafter $D 2>&1 \
+    | tee "$OUT/bench_inprocess.txt" | tail -7
+  MODES=ar,tree,auto REPEATS=1 serve_bench || exit 3
+  (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt engine_*.json \
+    && rm -f serve*.log metrics*.txt engine_*.json)
+  mark done
+  ;;
 24)
   [ -f $T/config.json ] || stage_target
   mark autoseq

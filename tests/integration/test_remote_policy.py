@@ -78,7 +78,7 @@ def test_remote_auto_rows_go_to_ar_when_the_hop_makes_trees_slower_than_ar(
     assert policy is not None
     for choice in policy.choices:  # traffic: every tree round took 10 s (a slow hop)
         for _ in range(AR_MIN_SAMPLES):
-            policy.observe(1, choice, 10.0, [3])
+            policy.observe(1, choice, 10.0, choice, [[0, 1, 2]])
     prompt = make_prompt(fp32_target, 7, 97)
     tokens, modes = run(engine, [prompt], 10)
     assert tokens["auto0"] == greedy_tokens(fp32_target, prompt, 10)

@@ -16,22 +16,53 @@ from ddtree.engine.policy import (
     COST_WINDOW,
     MIN_SAMPLES,
     BudgetPolicy,
+    accepted_within,
 )
 from ddtree.engine.timing import round_cost
 from ddtree.models.tiny import make_tiny_pair
 from ddtree.runtime import load_pair
 
 
+def path_for(policy: BudgetPolicy, tau: dict[int, float], choice: int) -> list[int]:
+    """An accepted path (node indices, root first) of a `choice`-node round along which
+    every tree size n <= choice accepts round(tau[n]) tokens (the chain: tau[depth])."""
+    if choice == policy.depth:
+        return list(range(round(tau[choice])))
+    path, below = [0], 0
+    for size in (c for c in policy.choices if c != policy.depth and c <= choice):
+        path += range(below + 1, below + 1 + round(tau[size]) - len(path))
+        below = size
+    return path
+
+
 def feed(policy: BudgetPolicy, batch: int, cost: dict[int, float], tau: dict[int, float],
-         rounds: int) -> list[int]:
+         rounds: int, rows: int = 2) -> list[int]:
     """Runs `rounds` decisions, answering each with the given cost and acceptance."""
     picks = []
     for _ in range(rounds):
         policy.tick()
         choice = policy.choose(batch)
         picks.append(choice)
-        policy.observe(batch, choice, cost[choice], [round(tau[choice])] * 2)
+        policy.observe(batch, choice, cost[choice], choice,
+                       [path_for(policy, tau, choice)] * rows)
     return picks
+
+
+def test_a_round_tells_every_smaller_nested_tree_its_acceptance() -> None:
+    """Tree nodes are numbered best first and a smaller tree is the larger one's first
+    nodes: along an accepted path, a tree of n nodes would have accepted the root and the
+    leading nodes numbered <= n."""
+    assert accepted_within([0, 1, 5, 20, 40], 64) == 5
+    assert accepted_within([0, 1, 5, 20, 40], 32) == 4
+    assert accepted_within([0, 1, 5, 20, 40], 16) == 3
+    assert accepted_within([0, 20], 16) == 1  # the root alone: the bonus token
+    policy = BudgetPolicy(depth=15, max_budget=64)
+    policy.observe(1, 64, 1.0, 64, [[0, 1, 5, 20, 40]])
+    assert policy.snapshot()["tau"] == {"16": {"tau": 3.0, "rounds": 1},
+                                        "32": {"tau": 4.0, "rounds": 1},
+                                        "64": {"tau": 5.0, "rounds": 1}}
+    policy.observe(1, 15, 1.0, 15, [[0, 1, 2]])  # the chain is not nested with the trees
+    assert policy.snapshot()["tau"]["15"] == {"tau": 3.0, "rounds": 1}  # type: ignore[index]
 
 
 def test_every_size_is_measured_first_then_the_best_throughput_wins() -> None:
@@ -48,6 +79,18 @@ def test_every_size_is_measured_first_then_the_best_throughput_wins() -> None:
     assert feed(policy, 8, busy, tau, 4 * MIN_SAMPLES + 5)[-5:] == [15] * 5
 
 
+def test_with_measured_costs_only_the_largest_tree_and_the_chain_are_explored() -> None:
+    """The largest tree's rounds give every smaller tree its acceptance at the same places
+    of the same answers; then the best throughput runs."""
+    policy = BudgetPolicy(depth=15, max_budget=64)
+    for choice, cost in {0: 1.0, 15: 1.5, 16: 1.5, 32: 1.6, 64: 2.4}.items():
+        policy.measure(1, choice, cost)
+    tau = {15: 2.0, 16: 2.0, 32: 4.0, 64: 4.5}  # per unit cost: 1.33, 1.33, 2.5, 1.9
+    picks = feed(policy, 1, {0: 1.0, 15: 1.5, 16: 1.5, 32: 1.6, 64: 2.4}, tau,
+                 2 * MIN_SAMPLES + 5, rows=1)
+    assert picks == [64] * MIN_SAMPLES + [15] * MIN_SAMPLES + [32] * 5
+
+
 def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
     policy = BudgetPolicy(depth=7, max_budget=16)
     assert not policy.prefers_ar(4)  # nothing measured yet
@@ -55,11 +98,11 @@ def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
     assert not policy.prefers_ar(4)  # the best tree's acceptance rests on 8 samples
     feed(policy, 4, {7: 1.0, 16: 1.2}, {7: 1.0, 16: 1.0}, AR_MIN_SAMPLES // 2)
     assert policy.prefers_ar(4)  # the prior: an ar round costs 0.7 of a chain round
-    policy.observe(4, 0, 0.97, [])  # measured: ar barely cheaper than the chain
+    policy.observe(4, 0, 0.97, 0, [])  # measured: ar barely cheaper than the chain
     assert not policy.prefers_ar(4)
     # ar 1.08x the best tree's rate (the demo pair at batch 8 on the H200 was 1.10x)
     feed(policy, 8, {7: 1.0, 16: 2.0}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES)
-    policy.observe(8, 0, 1 / 1.08, [])
+    policy.observe(8, 0, 1 / 1.08, 0, [])
     assert policy.prefers_ar(8)
 
 
@@ -120,12 +163,14 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
         assert policy.is_measured(batch)
     tau = {15: 2, 16: 2, 32: 3, 64: 3}
     picks = []
-    for _ in range(4 * MIN_SAMPLES):  # acceptance is explored once, at batch 1 ...
+    for _ in range(4 * MIN_SAMPLES):  # acceptance is explored once, at batch 1, ...
         choice = policy.choose(1)
         picks.append(choice)
-        policy.observe(1, choice, 1.6, [tau[choice]] * AR_MIN_SAMPLES)  # 16 rows
-    # ... traffic now costs every tree 1.6 at batch 1: 3 / 1.6 is best
-    assert set(picks) == {15, 16, 32, 64} and policy.choose(1) in (32, 64)
+        policy.observe(1, choice, 1.6, choice,
+                       [path_for(policy, tau, choice)] * AR_MIN_SAMPLES)  # many rows
+    # ... by the largest tree and the chain; traffic costs every tree 1.6: 3 / 1.6 is best
+    assert picks[:2] == [64, 15] and set(picks[2:]) <= {32, 64}
+    assert policy.choose(1) in (32, 64)
     assert policy.choose(64) == 15  # not explored again at batch 64: the chain is best there
     assert not policy.prefers_ar(1)
     assert policy.prefers_ar(64)  # measured: 1 / 1.7 against 2 / 8 per row
@@ -136,7 +181,7 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
     assert not policy.prefers_ar(8)
     for choice in policy.choices:
         for _ in range(MIN_SAMPLES):
-            policy.observe(8, choice, 4.0, [tau[choice]])
+            policy.observe(8, choice, 4.0, choice, [path_for(policy, tau, choice)])
     assert policy.prefers_ar(8)  # 1 / 1.0 against 3 / 4.0
 
 
@@ -160,9 +205,10 @@ def test_auto_rows_with_measured_costs_stay_exact_and_a_useless_drafter_ends_in_
         measured[batch] = measured.get(batch, 0.0) + seconds * (POLICY_REPEATS + 1)
         measure(batch, choice, seconds)
 
-    def record_observe(batch: int, num_nodes: int, seconds: float, lengths: list[int]) -> None:
+    def record_observe(batch: int, num_nodes: int, seconds: float, choice: int,
+                       paths: list[list[int]]) -> None:
         observed.append((batch, seconds))
-        observe(batch, num_nodes, seconds, lengths)
+        observe(batch, num_nodes, seconds, choice, paths)
 
     engine.policy.measure = record_measure  # type: ignore[method-assign]
     engine.policy.observe = record_observe  # type: ignore[method-assign]
@@ -198,7 +244,7 @@ def test_auto_rows_admitted_together_start_as_ar_when_their_joint_bucket_prefers
     assert policy is not None
     for choice in policy.choices:  # alone, trees pay (tau 3 at cost 1) ...
         for _ in range(AR_MIN_SAMPLES):
-            policy.observe(1, choice, 1.0, [3])
+            policy.observe(1, choice, 1.0, choice, [[0, 1, 2]])
     for choice in (0, *policy.choices):  # ... at batch bucket 4 ar's round is 10x cheaper
         policy.measure(4, choice, 1.0 if choice == 0 else 10.0)
     started: list[str] = []  # rows whose drafting context was prefilled
@@ -225,10 +271,10 @@ def test_a_stalled_round_does_not_move_a_traffic_cost() -> None:
     waited for the host's other work counts as one sample among the latest few."""
     policy = BudgetPolicy(depth=7, max_budget=16)
     for seconds in (4.0, 1.0, 1.0, 1.0):
-        policy.observe(2, 7, seconds, [1])
+        policy.observe(2, 7, seconds, 7, [[0]])
     assert policy.throughput(2, 7) == pytest.approx(1.0)  # not 1 / 1.75, the mean
     for _ in range(COST_WINDOW):  # the window follows the traffic: the round got slower
-        policy.observe(2, 7, 2.0, [1])
+        policy.observe(2, 7, 2.0, 7, [[0]])
     assert policy.throughput(2, 7) == pytest.approx(0.5)
 
 
