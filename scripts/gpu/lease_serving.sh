@@ -60,7 +60,10 @@
 #   call 25 (after 1-3) the policy on nested acceptance: `auto` request after request, every
 #           mode against ar (auto at c1 and c8 included), the load curves cold and warm, ar /
 #           tree@32 / auto under continuous load in process and through `ddtree serve`
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|25   (results under $OUT)
+#   call 26 (after 1-3) which auto samples differ from ar through `ddtree serve` (call 25: one
+#           of 40 at c1): ar and auto at c1, twice each (the first auto pass pays the
+#           drafter's first compiles), the report's samples compared with ar's
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|26   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -123,6 +126,23 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+26)
+  [ -f $T/config.json ] || stage_target
+  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
+    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
+  S=$!
+  wait_healthy $S "$OUT/serve.log" || exit 3
+  for pass in 1 2; do
+    mark bench url pass $pass
+    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 40 --num-requests 40 --modes ar,auto --concurrency 1 --max-tokens 256 \
+      --no-progress --json-out "$OUT/report$pass.json" 2>&1 | tail -3
+    python3 scripts/gpu/ar_mismatches.py "$OUT/report$pass.json" | cut -c1-600 | tail -6
+  done
+  kill $S; wait $S 2>/dev/null
+  grep -c "drafter_lost\|fallback" "$OUT/serve.log"
+  mark done
+  ;;
 25)
   [ -f $T/config.json ] || stage_target
   mark autoseq, exact
