@@ -25,13 +25,14 @@ def main(path: str) -> int:
             ids, ref = sample.get("token_ids"), reference.get(sample["prompt_index"])
             if ids is None or ref is None or ids == ref:
                 continue
-            first = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b),
+            first = next((i for i, (a, b) in enumerate(zip(ids, ref, strict=False)) if a != b),
                          min(len(ids), len(ref)))
             found += 1
+            info = {k: v for k, v in sample.items() if k not in ("token_ids", "text", "itl_s")}
             print(f"{row['mode']} c{row['concurrency']} prompt {sample['prompt_index']} "
                   f"repeat {sample.get('repeat')}: first diff at {first}, {len(ids)} vs "
                   f"{len(ref)} tokens; got {ids[first:first + 4]} want {ref[first:first + 4]}; "
-                  f"{ {k: v for k, v in sample.items() if k not in ('token_ids', 'text', 'itl_s')} }")
+                  f"{info}")
     print(f"{found} samples differ from ar")
     return 0
 
