@@ -268,8 +268,8 @@ class Engine:
         if not self.config.pipeline:
             return False
         remote = self.drafting is not None and not isinstance(self.drafting, LocalDrafter)
-        if remote and any(row.drafting for row in rows):
-            return False
+        if remote and any(row.drafting or row.num_nodes for row in rows):
+            return False  # its trees' roots are the host's bonus tokens: they must be current
         return not any(row.wants_logprobs for row in rows)
 
     def _admit(self) -> list[Output]:
@@ -287,7 +287,7 @@ class Engine:
         if not admitted:
             return []
         self._assign_groups(admitted)
-        self._admit_auto([row for row in admitted if row.auto],
+        self._admit_auto([row for row in admitted if row.follows_policy],
                          self.plan.batch_bucket(len(self.running) + len(admitted)))
         outputs = [(row.request_id, result) for row, result in
                    zip(admitted, self._prefill(admitted), strict=True)]
@@ -335,7 +335,7 @@ class Engine:
         it takes the draft rounds sent ahead for `groups` (None: every one)."""
         sent = [self._sent.pop(g) for g in (groups if groups is not None else (0, 1))
                 if g in self._sent]
-        auto = [row for row in rows if row.auto]
+        auto = [row for row in rows if row.follows_policy]
         batch = self.plan.batch_bucket(len(rows))
         if auto:
             self._measure_policy(batch, auto)  # before the clock: not this round's cost
@@ -374,7 +374,7 @@ class Engine:
         self.counters.batch_sizes[len(rows)] += 1
         return InFlight(rows, key, buffers.width, host, done, timer, verified.logits, started,
                         self.graphs.num_graphs != num_graphs, measurements,
-                        [i for i, row in enumerate(rows) if row.auto], auto_choice)
+                        [i for i, row in enumerate(rows) if row.follows_policy], auto_choice)
 
     def _complete(self, flight: InFlight) -> list[Output]:
         """Waits for a launched round and turns its output table into results."""

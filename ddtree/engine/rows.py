@@ -32,6 +32,11 @@ class Row:
     group: int = 0  # with a remote drafter: which of the two alternating groups (Engine.step)
 
     @property
+    def follows_policy(self) -> bool:
+        """An auto row that still drafts (one whose drafter went away continues in ar)."""
+        return self.auto and self.drafting
+
+    @property
     def wants_logprobs(self) -> bool:
         return self.request.top_logprobs >= 0
 

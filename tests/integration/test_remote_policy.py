@@ -17,6 +17,8 @@ from ddtree.engine.policy import AR_MIN_SAMPLES
 from ddtree.models.target import TargetModel
 from ddtree.runtime import load_pair
 from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
+from drafter_svc.config import DrafterServiceConfig
+from drafter_svc.server import build_server as build_drafter
 from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.remote_drafter import RemoteDrafter
 
@@ -84,3 +86,35 @@ def test_remote_auto_rows_go_to_ar_when_the_hop_makes_trees_slower_than_ar(
     assert tokens["auto0"] == greedy_tokens(fp32_target, prompt, 10)
     assert policy.prefers_ar(1)  # ar measured in ms against 3 tokens per 10 s
     assert modes == {"auto0": "ar"}  # admitted as ar: it never drafted
+
+
+def test_an_auto_row_whose_drafter_goes_away_continues_in_ar_with_the_greedy_tokens(
+        tiny_pair: Path, fp32_target: TargetModel) -> None:
+    """The drafter service stops after the row's first rounds: the row continues in ar
+    and is no longer the policy's (it drafts nothing, so its rounds may be pipelined: a
+    tree shape from the policy would have put the host's stale bonus token at its root,
+    serving wrong tokens on the H200 in lease 9 call 26)."""
+    server, port = build_drafter(DrafterServiceConfig(
+        drafter=str(tiny_pair / "drafter"), target=str(tiny_pair / "target"),
+        host="127.0.0.1", port=0, device="cpu", dtype="float32", max_budget=MAX_BUDGET))
+    client = DrafterClient(f"127.0.0.1:{port}", 2.0, 2.0, fp32_target.config)
+    client.connect(wait=True)
+    assert client.info is not None
+    engine = Engine(fp32_target, RemoteDrafter(client, client.info, 2.0),
+                    EngineConfig(max_num_seqs=2, max_queue=2, max_budget=MAX_BUDGET))
+    try:
+        prompt = make_prompt(fp32_target, 9, 99)
+        engine.add_request("auto0", GenerationRequest(prompt, 40, spec=SpecParams("auto"),
+                                                      ignore_eos=True))
+        tokens: list[int] = []
+        for step in range(200):
+            if step == 3:
+                server.stop(None).wait()
+            for _, result in engine.step():
+                tokens += result.new_tokens
+            if not engine.has_work:
+                break
+        assert tokens == greedy_tokens(fp32_target, prompt, 40)
+    finally:
+        client.close()
+        server.stop(None)
