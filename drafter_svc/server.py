@@ -11,6 +11,7 @@ instead of waiting for a thread that never frees.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -139,6 +140,11 @@ def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
                           len(info.target_layer_ids) * info.hidden_size)
     sessions = DraftSessionTable(config.max_sessions, local.depth)
     device = embeddings.embed_tokens.weight.device
+    if graphs.graphs.enabled:  # a GPU: every tree size compiled and captured before serving
+        started = time.perf_counter()
+        graphs.warm_up()
+        log.info("drafter_warmed_up", node_buckets=list(graphs.node_buckets),
+                 seconds=round(time.perf_counter() - started, 1))
     server = new_grpc_server(config)
     drafter_pb2_grpc.add_DrafterServicer_to_server(DrafterServicer(graphs, sessions, info), server)
     health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)

@@ -16,9 +16,9 @@ from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.policy import AR_MIN_SAMPLES
 from ddtree.models.target import TargetModel
 from ddtree.runtime import load_pair
-from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
 from drafter_svc.config import DrafterServiceConfig
 from drafter_svc.server import build_server as build_drafter
+from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
 from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.remote_drafter import RemoteDrafter
 
