@@ -63,7 +63,10 @@
 #   call 26 (after 1-3) which auto samples differ from ar through `ddtree serve` (call 25: one
 #           of 40 at c1): ar and auto at c1, twice each (the first auto pass pays the
 #           drafter's first compiles), the report's samples compared with ar's
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|26   (results under $OUT)
+#   call 27 (after 1-3) after the fixes of call 26: `ddtree serve` (its time to healthy, the
+#           drafter's start-up warm-up), ar / tree@32 / auto at c1 and c8 through it, each
+#           sample compared with ar's, the drafter losses counted
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|27   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -71,12 +74,12 @@ H=/tmp/HumanEval.jsonl.gz
 D=models/smollm2-135m-dflash
 
 wait_healthy() {  # pid log
-  for _ in $(seq 1 240); do
+  for _ in $(seq 1 480); do
     kill -0 "$1" 2>/dev/null || { tail -20 "$2"; return 3; }
     curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
     sleep 0.5
   done
-  echo "ddtree serve not healthy in 120 s"; return 3
+  echo "ddtree serve not healthy in 240 s"; return 3
 }
 
 CALL_START=$(date +%s)
@@ -126,6 +129,23 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+27)
+  [ -f $T/config.json ] || stage_target
+  mark serve
+  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
+    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
+  S=$!
+  wait_healthy $S "$OUT/serve.log" || exit 3
+  mark healthy
+  grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
+  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 32 --concurrency 1,8 \
+    --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 | tail -8
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
+  kill $S; wait $S 2>/dev/null
+  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  mark done
+  ;;
 26)
   [ -f $T/config.json ] || stage_target
   python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
@@ -464,7 +484,7 @@ PY
     mark done
     exit
   fi
-  for _ in $(seq 1 240); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
+  for _ in $(seq 1 480); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
   cp /tmp/soak/report.json "$OUT/soak_report.json"; tail -c 20000 /tmp/soak/log.txt > "$OUT/soak_log.txt"
   cat "$OUT/soak_report.json"
   ;;
