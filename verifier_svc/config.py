@@ -35,6 +35,8 @@ class VerifierServiceConfig:
     alternate: bool = False
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
+    # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
+    draft_new_shape_timeout_s: float = 60.0
     connect_timeout_s: float = 5.0  # drafter GetInfo at start-up and per reconnect try
     model_id: str = ""  # "" = the target directory's name
     tensor_parallel_size: int = 1  # ranks sharing the target (N-1 follower processes)
@@ -64,7 +66,8 @@ class VerifierServiceConfig:
             raise ValueError("max_num_seqs must be >= 1, max_queue and max_model_len >= 0")
         if self.kv_memory_gib < 0 or self.session_idle_timeout_s <= 0:
             raise ValueError("kv_memory_gib must be >= 0 and session_idle_timeout_s > 0")
-        if self.draft_timeout_s <= 0 or self.connect_timeout_s <= 0:
+        if (self.draft_timeout_s <= 0 or self.connect_timeout_s <= 0
+                or self.draft_new_shape_timeout_s <= 0):
             raise ValueError("timeouts must be > 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(
@@ -141,6 +144,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument(
         "--draft-timeout-s", type=float, default=float(get("DRAFT_TIMEOUT_S", "10"))
     )
+    parser.add_argument(
+        "--draft-new-shape-timeout-s", type=float,
+        default=float(get("DRAFT_NEW_SHAPE_TIMEOUT_S", "60")),
+        help="the wait for a (rows, tree nodes) shape the drafter has not answered yet: "
+             "its first compile of kernels for that shape")
     parser.add_argument(
         "--connect-timeout-s", type=float, default=float(get("CONNECT_TIMEOUT_S", "5"))
     )

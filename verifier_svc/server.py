@@ -95,7 +95,8 @@ def build_engine(config: VerifierServiceConfig, target: TargetModel,
     remote = None
     info = drafter.info if drafter is not None else None
     if drafter is not None and info is not None:
-        remote = RemoteDrafter(drafter, info, config.draft_timeout_s)
+        remote = RemoteDrafter(drafter, info, config.draft_timeout_s,
+                               config.draft_new_shape_timeout_s)
     elif drafter is not None:
         log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
     return Engine(target, remote, config.engine_config())

@@ -155,3 +155,15 @@ def test_a_shape_the_drafter_has_not_answered_yet_gets_the_longest_deadline(
     drafter._observe(0.4, (8, NODES))  # its capture
     assert drafter.deadline_s((8, NODES)) == MIN_DEADLINE_S
     assert RemoteDrafter.shape_of([row(0), row(1, num_nodes=2)]) == (2, NODES)
+
+
+def test_a_new_shape_may_wait_longer_than_any_round_its_first_compile(
+        drafter: RemoteDrafter) -> None:
+    """On a fresh host the drafter compiles kernels for a new (rows, nodes) shape (10-13 s
+    per tree size on the H200, lease 9 call 27): past the 10 s round deadline every row of
+    that round lost its drafter. A shape not yet answered waits `new_shape_timeout_s`."""
+    patient = RemoteDrafter(drafter.client, drafter.info, 1.0, 30.0)
+    assert patient.deadline_s((8, NODES)) == 30.0
+    patient._observe(0.003, (8, NODES))
+    assert patient.deadline_s((8, NODES)) == MIN_DEADLINE_S
+    assert patient.deadline_s((4, NODES)) == 30.0
