@@ -33,6 +33,7 @@ from gateway.config import GatewayConfig
 from gateway.limits import with_header_timeout
 from gateway.verifier_client import VerifierClient
 from verifier_svc.config import VerifierServiceConfig
+from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.server import build_server as build_verifier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +65,13 @@ def greedy_tokens(target: TargetModel, prompt: list[int], max_tokens: int) -> li
 def make_prompt(target: TargetModel, length: int, seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(3, target.config.vocab_size, (length,), generator=gen).tolist()
+
+
+@pytest.fixture(scope="session")
+def fp32_target(tiny_pair: Path) -> TargetModel:
+    """The tiny target in float32 on the CPU, for engines built in the test's process."""
+    model, _ = load_pair(tiny_pair / "target", None, torch.device("cpu"), torch.float32)
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +117,16 @@ def verifier(tiny_pair: Path, drafter_port: int) -> Iterator[Verifier]:
     yield Verifier(port, channel, verifier_pb2_grpc.VerifierStub(channel))
     channel.close()
     server.stop(None)
+
+
+@pytest.fixture()
+def drafter_client(drafter_port: int, fp32_target: TargetModel) -> Iterator[DrafterClient]:
+    """A verifier's link to the session's drafter service, connected."""
+    client = DrafterClient(f"127.0.0.1:{drafter_port}", 20.0, 20.0, fp32_target.config)
+    client.connect(wait=True)
+    assert client.info is not None, "the drafter service did not answer"
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

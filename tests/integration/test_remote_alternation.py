@@ -7,15 +7,10 @@ leave nothing behind."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-import torch
 
 from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
 from ddtree.models.target import TargetModel
-from ddtree.runtime import load_pair
 from ddtree.sampling import SamplingParams
 from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
 from verifier_svc.drafter_client import DrafterClient
@@ -23,21 +18,6 @@ from verifier_svc.remote_drafter import RemoteDrafter
 
 SPECS = [SpecParams("tree", 8), SpecParams("linear"), SpecParams("tree", 5),
          SpecParams("ar"), SpecParams("shadow", 8), SpecParams("tree", 16)]
-
-
-@pytest.fixture(scope="module")
-def fp32_target(tiny_pair: Path) -> TargetModel:
-    model, _ = load_pair(tiny_pair / "target", None, torch.device("cpu"), torch.float32)
-    return model
-
-
-@pytest.fixture()
-def client(drafter_port: int, fp32_target: TargetModel) -> Iterator[DrafterClient]:
-    client = DrafterClient(f"127.0.0.1:{drafter_port}", 20.0, 20.0, fp32_target.config)
-    client.connect(wait=True)
-    assert client.info is not None, "the drafter service did not answer"
-    yield client
-    client.close()
 
 
 def engine_for(target: TargetModel, client: DrafterClient, alternate: bool) -> Engine:
@@ -75,11 +55,11 @@ def run_all(engine: Engine, reqs: list[GenerationRequest],
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_alternating_halves_serve_what_lockstep_rounds_serve(
-        fp32_target: TargetModel, client: DrafterClient, sampled: bool) -> None:
+        fp32_target: TargetModel, drafter_client: DrafterClient, sampled: bool) -> None:
     reqs = requests(fp32_target, sampled)
-    turns = engine_for(fp32_target, client, alternate=True)
+    turns = engine_for(fp32_target, drafter_client, alternate=True)
     together = run_all(turns, reqs)
-    lockstep = engine_for(fp32_target, client, alternate=False)
+    lockstep = engine_for(fp32_target, drafter_client, alternate=False)
     assert run_all(lockstep, reqs) == together
     assert lockstep.counters.num_sent_ahead == 0
     # The halves took turns: rounds were asked for ahead, and rounds carried half the rows.
@@ -95,11 +75,11 @@ def test_alternating_halves_serve_what_lockstep_rounds_serve(
 
 
 def test_rows_that_join_or_are_aborted_mid_turn_leave_the_others_exact(
-        fp32_target: TargetModel, client: DrafterClient) -> None:
+        fp32_target: TargetModel, drafter_client: DrafterClient) -> None:
     reqs = requests(fp32_target, sampled=False) + [
         GenerationRequest(make_prompt(fp32_target, 7, 90), 20, spec=SpecParams("tree", 8),
                           ignore_eos=True)]  # a seventh: it waits for a row, then joins
-    engine = engine_for(fp32_target, client, alternate=True)
+    engine = engine_for(fp32_target, drafter_client, alternate=True)
     tokens = run_all(engine, reqs, abort_after={"r1": 3, "r4": 4})
     assert engine.counters.num_sent_ahead > 0
     for i, request in enumerate(reqs):

@@ -6,16 +6,13 @@ than ar whatever the hop cost). Over the real drafter service on loopback gRPC."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.policy import AR_MIN_SAMPLES
 from ddtree.models.target import TargetModel
-from ddtree.runtime import load_pair
 from drafter_svc.config import DrafterServiceConfig
 from drafter_svc.server import build_server as build_drafter
 from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
@@ -23,21 +20,12 @@ from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.remote_drafter import RemoteDrafter
 
 
-@pytest.fixture(scope="module")
-def fp32_target(tiny_pair: Path) -> TargetModel:
-    model, _ = load_pair(tiny_pair / "target", None, torch.device("cpu"), torch.float32)
-    return model
-
-
 @pytest.fixture()
-def engine(drafter_port: int, fp32_target: TargetModel) -> Iterator[Engine]:
-    client = DrafterClient(f"127.0.0.1:{drafter_port}", 20.0, 20.0, fp32_target.config)
-    client.connect(wait=True)
-    assert client.info is not None, "the drafter service did not answer"
-    yield Engine(fp32_target, RemoteDrafter(client, client.info, 20.0),
-                 EngineConfig(max_num_seqs=4, max_queue=4, max_budget=MAX_BUDGET,
-                              measure_policy=True))
-    client.close()
+def engine(drafter_client: DrafterClient, fp32_target: TargetModel) -> Engine:
+    assert drafter_client.info is not None
+    return Engine(fp32_target, RemoteDrafter(drafter_client, drafter_client.info, 20.0),
+                  EngineConfig(max_num_seqs=4, max_queue=4, max_budget=MAX_BUDGET,
+                               measure_policy=True))
 
 
 def run(engine: Engine, prompts: list[list[int]],
