@@ -58,6 +58,11 @@ def test_compose_settings_come_from_the_environment() -> None:
     assert all(s["environment"]["DDTREE_GRPC_TOKEN"] == "shared" for s in services.values())
     assert all("healthcheck" in s for s in services.values())
     assert any(str(v).startswith("/srv/models") for v in _volumes(services["verifier"]))
+    # Triton's compiled kernels in a volume both GPU services share (a restart skips the
+    # drafter's minute of compiles)
+    for name in ("drafter", "verifier"):
+        cache = services[name]["environment"]["TRITON_CACHE_DIR"]
+        assert f"triton-cache:{cache}" in services[name]["volumes"], name
 
 
 def test_only_the_gateway_is_published_and_on_loopback_by_default() -> None:
