@@ -11,7 +11,8 @@ per-request mode and budget always win: only `auto` rows follow this.
 
 Acceptance: DDTree's trees are nested (the best n prefixes are among the best m > n, and a
 tree's nodes are numbered best first), so one round's accepted path tells what every smaller
-tree would have accepted: the path's leading nodes numbered <= n. Every round therefore
+tree would have accepted: the path's leading nodes numbered <= n (exactly at T = 0; for
+sampled rows an estimate, which only steers the tree size, never the tokens). Every round therefore
 gives every tree size up to its own an acceptance sample from the same text, and exploring
 means running the LARGEST tree (and the chain, which is not nested with the trees) for a
 few rounds, again every REEXPLORE_ROUNDS rounds. (Sizes measured in separate rounds compared
