@@ -92,6 +92,7 @@ def impatient_verifier(
         device="cpu",
         dtype="float32",
         draft_timeout_s=1e-4,
+        draft_new_shape_timeout_s=1e-4,
     )
     server, port = build_server(config)
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
