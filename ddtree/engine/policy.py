@@ -40,6 +40,7 @@ rows never run) is judged by its measured cost instead of the prior. Without a m
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -238,11 +239,9 @@ class BudgetPolicy:
 def accepted_within(path: list[int], num_nodes: int) -> int:
     """What a tree of the best `num_nodes` nodes would have accepted where a larger nested
     tree accepted `path` (node indices, root first, numbered best first): the root and the
-    path's leading nodes numbered <= num_nodes."""
-    length = 1
-    while length < len(path) and path[length] <= num_nodes:
-        length += 1
-    return length
+    path's leading nodes numbered <= num_nodes (a parent is numbered before its children, so
+    the indices increase along the path: a bisection)."""
+    return bisect.bisect_right(path, num_nodes, lo=1)
 
 
 def _ms(seconds: float | None) -> float | None:
