@@ -53,7 +53,8 @@ class RemoteDrafter:
         self.block_size = info.block_size
         self.target_layer_ids = tuple(info.target_layer_ids)
         self.max_timeout_s = max_timeout_s
-        self.new_shape_timeout_s = max(max_timeout_s, new_shape_timeout_s or max_timeout_s)
+        self.new_shape_timeout_s = (max_timeout_s if new_shape_timeout_s is None
+                                    else new_shape_timeout_s)
         self._round_trip_s: float | None = None
         # (drafting rows, tree nodes) the drafter has answered once: its first round of a
         # shape captures that shape's CUDA graphs (~0.3 s on the H200, past the adaptive
@@ -70,16 +71,14 @@ class RemoteDrafter:
         return info is not None and (info.block_size, tuple(info.target_layer_ids)) == (
             self.block_size, self.target_layer_ids)
 
-    def deadline_s(self, shape: tuple[int, int] | None = None) -> float:
+    def deadline_s(self, shape: tuple[int, int]) -> float:
         """How long a round of `shape` (drafting rows, tree nodes) waits for its trees:
         `new_shape_timeout_s` for a shape the drafter has not answered yet (its graph
         capture, and on a fresh host the compile of kernels specialised to it: 10-13 s per
-        tree size on the H200, lease 9), `max_timeout_s` before any round trip was timed,
-        else a multiple of the recent round trip within bounds."""
-        if shape is not None and shape not in self._shapes_seen:
+        tree size on the H200, lease 9), else a multiple of the recent round trip (timed
+        once any shape was answered) within bounds."""
+        if shape not in self._shapes_seen or self._round_trip_s is None:
             return self.new_shape_timeout_s
-        if self._round_trip_s is None:
-            return self.max_timeout_s
         return min(self.max_timeout_s, max(MIN_DEADLINE_S, DEADLINE_FACTOR * self._round_trip_s))
 
     @staticmethod

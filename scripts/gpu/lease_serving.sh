@@ -101,12 +101,16 @@ from ddtree.demo.pull import pull_smollm2
 print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf')))" 2>&1 | tail -1
 }
 
+start_serve() {  # [tag]: `ddtree serve` in the background (its pid in S), once healthy
+  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
+    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-1}" >"$OUT/serve${1:-}.log" 2>&1 &
+  S=$!
+  wait_healthy $S "$OUT/serve${1:-}.log"
+}
+
 serve_bench() {  # [tag]: `ddtree serve`, then load_bench through it, its metrics, and stop it
   local tag=${1:-}
-  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-1}" >"$OUT/serve$tag.log" 2>&1 &
-  local S=$!
-  wait_healthy $S "$OUT/serve$tag.log" || return 3
+  start_serve "$tag" || return 3
   mark bench url $tag
   load_bench --url http://127.0.0.1:8000 2>&1 | tee "$OUT/bench_url$tag.txt" | tail -7
   curl -s http://127.0.0.1:8000/metrics | grep -E "^(ddtree|vllm):(batch_size|num_|kv|target_forwards|rounds)" > "$OUT/metrics$tag.txt"
@@ -132,10 +136,7 @@ case "${1:?call number}" in
 27)
   [ -f $T/config.json ] || stage_target
   mark serve
-  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
-  S=$!
-  wait_healthy $S "$OUT/serve.log" || exit 3
+  start_serve || exit 3
   mark healthy
   grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
   timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
@@ -148,10 +149,7 @@ case "${1:?call number}" in
   ;;
 26)
   [ -f $T/config.json ] || stage_target
-  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 >"$OUT/serve.log" 2>&1 &
-  S=$!
-  wait_healthy $S "$OUT/serve.log" || exit 3
+  start_serve || exit 3
   for pass in 1 2; do
     mark bench url pass $pass
     timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
