@@ -25,6 +25,7 @@ names the ddtree that was imported.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import io
@@ -77,6 +78,7 @@ class Timers:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.drafter_profile: cProfile.Profile | None = None
+        self.labelled = False  # label each timed call in torch.profiler's trace
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
         if not hasattr(owner, name):
@@ -89,8 +91,11 @@ class Timers:
             if profile is not None:
                 profile.enable()
             started = time.perf_counter()
+            label_range = (torch.profiler.record_function(label) if self.labelled
+                           else contextlib.nullcontext())
             try:
-                return original(*args, **kwargs)
+                with label_range:
+                    return original(*args, **kwargs)
             finally:
                 self.seconds[label] += time.perf_counter() - started
                 if profile is not None:
@@ -145,7 +150,7 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
                                                    max_budget=args.budget,
                                                    alternate=alternate))
     gen = torch.Generator().manual_seed(0)
-    max_tokens = (args.warmup + args.rounds + 2) * drafting.block_size
+    max_tokens = (args.warmup + args.rounds + 14) * drafting.block_size  # + the traced rounds
     for i in range(num_rows):
         prompt = torch.randint(3, target.config.vocab_size, (args.prompt_len,), generator=gen)
         engine.add_request(f"row{i}", GenerationRequest(
@@ -171,6 +176,8 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
             if index >= args.warmup:
                 rounds.append(split(timers.seconds))
                 raw.append(dict(timers.seconds))
+        if args.trace_dir is not None:
+            trace_rounds(engine, timers, args.trace_dir / f"trace_rows{num_rows}.json")
         still_drafting = sum(row.drafting for row in engine.running.values())
     finally:
         client.close()
@@ -187,6 +194,26 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
             f"--- verifier thread ---\n{top_functions(profile, args.cprofile_top)}"
             f"--- drafter thread ---\n{top_functions(drafter_profile, args.cprofile_top)}")
     return result
+
+
+def trace_rounds(engine: Engine, timers: Timers, path: Path, rounds: int = 12) -> None:
+    """A torch.profiler trace (CPU ops of every thread, CUDA kernels and copies) of a few
+    more rounds, each timed method a labelled range, written as a Chrome trace: where the
+    GPU idles in a round and what the host does meanwhile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    timers.labelled = True
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(rounds):
+                with torch.profiler.record_function("engine.step"):
+                    engine.step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    finally:
+        timers.labelled = False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
 
 
 def top_functions(profile: cProfile.Profile, count: int) -> str:
@@ -225,6 +252,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cprofile", action="store_true", help="print cProfile's top functions")
     parser.add_argument("--cprofile-top", type=int, default=25)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--trace-dir", type=Path, default=None,
+                        help="also write a torch.profiler Chrome trace of 12 more rounds "
+                             "per row count (trace_rows{N}.json)")
     args = parser.parse_args(argv)
     configure_threads(os.environ)  # DDTREE_GIL_SWITCH_INTERVAL_S, as the services do
     all_rows = [int(r) for r in args.rows.split(",")]

@@ -66,7 +66,13 @@
 #   call 27 (after 1-3) after the fixes of call 26: `ddtree serve` (its time to healthy, the
 #           drafter's start-up warm-up), ar / tree@32 / auto at c1 and c8 through it, each
 #           sample compared with ar's, the drafter losses counted
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|27   (results under $OUT)
+#   call 28 (eighth session, after 1-3) where the hop's time goes: the remote drafter's round
+#           split at 1 and 8 rows with cProfile and a torch.profiler trace of 12 rounds each
+#           (GPU busy vs idle, scripts/trace_summary.py), then the 8B shapes (floor without the
+#           embedding table too) and a trace of their ar steps and tree@63 rounds
+#   call 29 (warm, after 28) the invariant GEMM at the 8B shapes: committed tilings against a
+#           sweep, T = 1 and 64, against the copy bandwidth (scripts/gpu/gemm_sweep.py)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|29   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -133,6 +139,31 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+28)
+  [ -f $T/config.json ] || stage_target
+  mark remote profile with traces
+  mkdir -p /tmp/traces
+  remote_profile --rows 1,8 --rounds 40 --cprofile --cprofile-top 30 --trace-dir /tmp/traces \
+    > "$OUT/remote_profile.txt" 2>&1
+  grep -A4 "^per-round" "$OUT/remote_profile.txt"
+  mark 8B shapes and trace
+  OUT=/tmp/traces timeout 200 python3 scripts/gpu/engine_bench.py --stages shapes8b,profile8b \
+    --target $T --humaneval $H 2>&1 | grep -v Warn | grep "^8B\|floor\|== stage"
+  mark summaries
+  for f in /tmp/traces/trace*.json; do
+    python3 scripts/trace_summary.py "$f" --steps 3 --kernels 30
+  done > "$OUT/trace_summaries.txt" 2>&1
+  grep -B2 -A12 "^trace_rows1" "$OUT/trace_summaries.txt" | head -40
+  grep "^median\|: .* steps" "$OUT/trace_summaries.txt"
+  (cd /tmp/traces && tar -czf "$OUT/traces.tar.gz" trace*.json && cp profile8b_kernels.txt engine_*.json "$OUT/")
+  mark done
+  ;;
+29)
+  mark gemm sweep
+  timeout 420 python3 scripts/gpu/gemm_sweep.py --seconds-per-shape 50 \
+    --json-out "$OUT/gemm_sweep.json" 2>&1 | grep -v Warn
+  mark done
+  ;;
 27)
   [ -f $T/config.json ] || stage_target
   mark serve
