@@ -35,27 +35,72 @@ def residual_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
 
 @triton.jit
 def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, stride_r,
-                stride_h, hidden, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr):
+                stride_h, hidden, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
+                GROUP: tl.constexpr = 1):
     """rows: (ROWS,) -> (ROWS,) float32 sums of h * h over the `hidden` columns of those
     rows, h = `residual_sum`; with a residual, the rows where `store_rows` (ROWS,) holds
-    get h written to h_ptr on the way. Order: each of NORM_CHUNK lanes adds its columns chunk after
-    chunk, then a pairwise tree adds the lanes. Every addition has two fixed operands, so
-    the result does not depend on how a kernel lays the tile out in registers."""
+    get h written to h_ptr on the way. Order: each of NORM_CHUNK lanes adds its columns
+    chunk after chunk, then a pairwise tree adds the lanes. Every addition has two fixed
+    operands, so the result does not depend on how a kernel lays the tile out in
+    registers.
+
+    GROUP (1 or 8) chunks are loaded per loop step, all before any store or addition: a
+    runtime loop's loads are not pipelined, and a store of h between two chunks' loads
+    keeps the second from being issued early (h_ptr may alias x), so one chunk per step
+    waits a memory latency per 64 columns (64 a row at hidden 4,096: ~25 us a norm on
+    the H200, ~28% of an 8B ar step, lease 10). The additions keep their order either way."""
     cols = tl.arange(0, NORM_CHUNK)
     acc = tl.zeros([ROWS, NORM_CHUNK], tl.float32)
-    for c0 in range(0, hidden, NORM_CHUNK):
-        mask = row_mask[:, None] & ((c0 + cols) < hidden)[None, :]
-        offs = c0 + cols[None, :]
-        h = residual_sum(x_ptr + rows[:, None] * stride_x + offs,
-                         r_ptr + rows[:, None] * stride_r + offs, mask, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            tl.store(h_ptr + rows[:, None] * stride_h + offs, h, mask=mask & store_rows[:, None])
-        h32 = h.to(tl.float32)
-        acc += h32 * h32
+    if GROUP == 1:
+        for c0 in range(0, hidden, NORM_CHUNK):
+            mask = row_mask[:, None] & ((c0 + cols) < hidden)[None, :]
+            offs = c0 + cols[None, :]
+            h = residual_sum(x_ptr + rows[:, None] * stride_x + offs,
+                             r_ptr + rows[:, None] * stride_r + offs, mask, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                tl.store(h_ptr + rows[:, None] * stride_h + offs, h,
+                         mask=mask & store_rows[:, None])
+            h32 = h.to(tl.float32)
+            acc += h32 * h32
+    else:
+        tl.static_assert(GROUP == 8, "sum_squares groups 1 or 8 chunks")
+        # (ROWS, lane, chunk of the group): column c0 + chunk * NORM_CHUNK + lane
+        group = tl.arange(0, GROUP)
+        for c0 in range(0, hidden, NORM_CHUNK * GROUP):
+            offs = c0 + group[None, None, :] * NORM_CHUNK + cols[None, :, None]
+            mask = row_mask[:, None, None] & (offs < hidden)
+            h = residual_sum(x_ptr + rows[:, None, None] * stride_x + offs,
+                             r_ptr + rows[:, None, None] * stride_r + offs, mask, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                tl.store(h_ptr + rows[:, None, None] * stride_h + offs, h,
+                         mask=mask & store_rows[:, None, None])
+            acc = _add_squares_of_8(acc, h.to(tl.float32), ROWS)
     for _ in tl.static_range(NORM_CHUNK_LOG2):  # (ROWS, w) -> (ROWS, w / 2), unrolled
         left, right = tl.split(tl.reshape(acc, [ROWS, acc.shape[1] // 2, 2]))
         acc = left + right
     return tl.reshape(acc, [ROWS])
+
+
+@triton.jit
+def _add_squares_of_8(acc, h32, ROWS: tl.constexpr):
+    """acc (ROWS, L) + the squares of h32 (ROWS, L, 8)'s chunks 0, 1, ..., 7 one after
+    the other (the splits take the last axis apart: even / odd, twice more)."""
+    even, odd = tl.split(tl.reshape(h32, [ROWS, NORM_CHUNK, 4, 2]))  # chunks 0246 / 1357
+    c04, c26 = tl.split(tl.reshape(even, [ROWS, NORM_CHUNK, 2, 2]))
+    c15, c37 = tl.split(tl.reshape(odd, [ROWS, NORM_CHUNK, 2, 2]))
+    c0, c4 = tl.split(c04)
+    c2, c6 = tl.split(c26)
+    c1, c5 = tl.split(c15)
+    c3, c7 = tl.split(c37)
+    acc += c0 * c0
+    acc += c1 * c1
+    acc += c2 * c2
+    acc += c3 * c3
+    acc += c4 * c4
+    acc += c5 * c5
+    acc += c6 * c6
+    acc += c7 * c7
+    return acc
 
 
 @triton.jit

@@ -72,7 +72,10 @@
 #           embedding table too) and a trace of their ar steps and tree@63 rounds
 #   call 29 (warm, after 28) the invariant GEMM at the 8B shapes: committed tilings against a
 #           sweep, T = 1 and 64, against the copy bandwidth (scripts/gpu/gemm_sweep.py)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|29   (results under $OUT)
+#   call 30 (after 1-3) the RMSNorm's grouped loads and the 8B tilings of call 29: the remote
+#           round's split and trace (no cProfile: Python 3.12 allows one per process, the
+#           drafter's thread failed in call 28), every mode against ar, speed, the 8B shapes
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|30   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -139,6 +142,25 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+30)
+  [ -f $T/config.json ] || stage_target
+  mark remote profile with traces
+  mkdir -p /tmp/traces30
+  remote_profile --rows 1,8 --rounds 40 --trace-dir /tmp/traces30 > "$OUT/remote_profile.txt" 2>&1
+  grep -A4 "^per-round" "$OUT/remote_profile.txt"
+  grep -c "drafter_lost" "$OUT/remote_profile.txt"
+  for f in /tmp/traces30/trace*.json; do
+    python3 scripts/trace_summary.py "$f" --steps 4 --kernels 30
+  done > "$OUT/trace_summaries.txt" 2>&1
+  grep "^median\|: .* steps" "$OUT/trace_summaries.txt"
+  (cd /tmp/traces30 && tar -czf "$OUT/traces.tar.gz" trace*.json)
+  mark engine_bench exact, speed, shapes8b
+  timeout 330 python3 scripts/gpu/engine_bench.py --stages exact,speed,shapes8b \
+    --speed-modes linear,tree@16,tree@32 --speed-variants plain --target $T --humaneval $H 2>&1 \
+    | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading" | tail -24
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
 28)
   [ -f $T/config.json ] || stage_target
   mark remote profile with traces
