@@ -75,7 +75,8 @@
 #   call 30 (after 1-3) the RMSNorm's grouped loads and the 8B tilings of call 29: the remote
 #           round's split and trace (no cProfile: Python 3.12 allows one per process, the
 #           drafter's thread failed in call 28), every mode against ar, speed, the 8B shapes
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|30   (results under $OUT)
+#   call 31 (nothing staged: random 8B weights) the 8B shapes' kernel trace after call 30
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|31   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -142,6 +143,16 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+31)
+  mark 8B shapes and trace
+  OUT=/tmp/traces31 timeout 200 python3 scripts/gpu/engine_bench.py --stages shapes8b,profile8b \
+    --target /nonexistent --humaneval /nonexistent 2>&1 | grep -v Warn | grep "^8B\|floor\|== stage"
+  for f in /tmp/traces31/trace*.json; do
+    python3 scripts/trace_summary.py "$f" --kernels 40
+  done > "$OUT/trace_summaries.txt" 2>&1
+  (cd /tmp/traces31 && tar -czf "$OUT/traces.tar.gz" trace*.json && cp engine_*.json "$OUT/")
+  mark done
+  ;;
 30)
   [ -f $T/config.json ] || stage_target
   mark remote profile with traces
