@@ -65,7 +65,9 @@ REEXPLORE_ROUNDS = 200
 AR_MARGIN = 1.05
 # Before ar was ever measured at a batch size: an ar round costs this share of a chain round.
 AR_COST_PRIOR = 0.7
-TREE_SIZES = (16, 32, 64, 128)
+# The tree sizes auto chooses from (besides the chain): 2^k - 1 past 32, so that the root
+# and the nodes fill whole 64-row GEMM tiles (config.NODE_BUCKETS).
+TREE_SIZES = (16, 32, 63, 127)
 
 
 @dataclass

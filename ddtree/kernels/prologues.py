@@ -44,11 +44,12 @@ def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, strid
     operands, so the result does not depend on how a kernel lays the tile out in
     registers.
 
-    GROUP (1 or 8) chunks are loaded per loop step, all before any store or addition: a
+    GROUP (1 or 16) chunks are loaded per loop step, all before any store or addition: a
     runtime loop's loads are not pipelined, and a store of h between two chunks' loads
     keeps the second from being issued early (h_ptr may alias x), so one chunk per step
     waits a memory latency per 64 columns (64 a row at hidden 4,096: ~25 us a norm on
-    the H200, ~28% of an 8B ar step, lease 10). The additions keep their order either way."""
+    the H200, ~28% of an 8B ar step, lease 10; 6 us in groups of 8). The additions keep
+    their order either way."""
     cols = tl.arange(0, NORM_CHUNK)
     acc = tl.zeros([ROWS, NORM_CHUNK], tl.float32)
     if GROUP == 1:
@@ -63,18 +64,24 @@ def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, strid
             h32 = h.to(tl.float32)
             acc += h32 * h32
     else:
-        tl.static_assert(GROUP == 8, "sum_squares groups 1 or 8 chunks")
-        # (ROWS, lane, chunk of the group): column c0 + chunk * NORM_CHUNK + lane
-        group = tl.arange(0, GROUP)
+        tl.static_assert(GROUP == 16, "sum_squares groups 1 or 16 chunks")
+        # two (ROWS, lane, 8) tiles: column c0 + (8 * half + chunk) * NORM_CHUNK + lane
+        eight = tl.arange(0, 8)
         for c0 in range(0, hidden, NORM_CHUNK * GROUP):
-            offs = c0 + group[None, None, :] * NORM_CHUNK + cols[None, :, None]
+            offs = c0 + eight[None, None, :] * NORM_CHUNK + cols[None, :, None]
             mask = row_mask[:, None, None] & (offs < hidden)
-            h = residual_sum(x_ptr + rows[:, None, None] * stride_x + offs,
-                             r_ptr + rows[:, None, None] * stride_r + offs, mask, HAS_RESIDUAL)
+            offs2 = offs + 8 * NORM_CHUNK
+            mask2 = row_mask[:, None, None] & (offs2 < hidden)
+            x_rows = x_ptr + rows[:, None, None] * stride_x
+            r_rows = r_ptr + rows[:, None, None] * stride_r
+            h = residual_sum(x_rows + offs, r_rows + offs, mask, HAS_RESIDUAL)
+            h2 = residual_sum(x_rows + offs2, r_rows + offs2, mask2, HAS_RESIDUAL)
             if HAS_RESIDUAL:
-                tl.store(h_ptr + rows[:, None, None] * stride_h + offs, h,
-                         mask=mask & store_rows[:, None, None])
+                h_rows = h_ptr + rows[:, None, None] * stride_h
+                tl.store(h_rows + offs, h, mask=mask & store_rows[:, None, None])
+                tl.store(h_rows + offs2, h2, mask=mask2 & store_rows[:, None, None])
             acc = _add_squares_of_8(acc, h.to(tl.float32), ROWS)
+            acc = _add_squares_of_8(acc, h2.to(tl.float32), ROWS)
     for _ in tl.static_range(NORM_CHUNK_LOG2):  # (ROWS, w) -> (ROWS, w / 2), unrolled
         left, right = tl.split(tl.reshape(acc, [ROWS, acc.shape[1] // 2, 2]))
         acc = left + right

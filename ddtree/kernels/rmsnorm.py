@@ -36,7 +36,7 @@ def _rms_norm_kernel(
     # storing h on the way; then the whole row again for the output.
     one = tl.full([1], True, tl.int1)
     sum_sq = sum_squares(x_ptr, residual_ptr, h_ptr, row + tl.arange(0, 1), one, one,
-                         stride_x, stride_r, stride_h, hidden, HAS_RESIDUAL, 1, 8)
+                         stride_x, stride_r, stride_h, hidden, HAS_RESIDUAL, 1, 16)
     rstd = inverse_rms(sum_sq, hidden, eps)  # (1,)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden

@@ -41,6 +41,9 @@ NORM_CASES = {
     "fp16-ragged-residual": (40, 100, torch.float16, True, False, None),
     "bf16-ragged-own-config": (72, 200, torch.bfloat16, True, True, None),
     "bf16-demo-qkv": (960, 576, torch.bfloat16, True, False, None),
+    # 33 chunks of 64: the norm kernel's groups of 16 chunks (the last ragged) against the
+    # prologue's chunk after chunk, bitwise
+    "fp16-norm-groups-ragged": (40, 2100, torch.float16, True, False, None),
 }
 SWIGLU_CASES = {
     "bf16-split-k": (80, 320, torch.bfloat16, False, False, SPLIT_3),

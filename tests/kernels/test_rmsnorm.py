@@ -71,7 +71,7 @@ def fixed_order_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     return weight * (h * rstd[:, None])
 
 
-@pytest.mark.parametrize("hidden", [576, 1000, 4096])
+@pytest.mark.parametrize("hidden", [576, 1000, 2176, 4096])
 def test_the_sum_of_squares_keeps_its_fixed_order(hidden: int) -> None:
     # the additions go chunk after chunk, then pairwise over the lanes: the order the
     # fused GEMM prologue shares (prologues.sum_squares), pinned here

@@ -57,25 +57,25 @@ def test_a_round_tells_every_smaller_nested_tree_its_acceptance() -> None:
     assert accepted_within([0, 1, 5, 20, 40], 16) == 3
     assert accepted_within([0, 20], 16) == 1  # the root alone: the bonus token
     policy = BudgetPolicy(depth=15, max_budget=64)
-    policy.observe(1, 64, 1.0, 64, [[0, 1, 5, 20, 40]])
+    policy.observe(1, 63, 1.0, 63, [[0, 1, 5, 20, 40]])
     assert policy.snapshot()["tau"] == {"16": {"tau": 3.0, "rounds": 1},
                                         "32": {"tau": 4.0, "rounds": 1},
-                                        "64": {"tau": 5.0, "rounds": 1}}
+                                        "63": {"tau": 5.0, "rounds": 1}}
     policy.observe(1, 15, 1.0, 15, [[0, 1, 2]])  # the chain is not nested with the trees
     assert policy.snapshot()["tau"]["15"] == {"tau": 3.0, "rounds": 1}  # type: ignore[index]
 
 
 def test_every_size_is_measured_first_then_the_best_throughput_wins() -> None:
     policy = BudgetPolicy(depth=15, max_budget=64)
-    assert policy.choices == (15, 16, 32, 64)
-    cost = {15: 1.0, 16: 1.1, 32: 1.2, 64: 2.0}
-    tau = {15: 2.0, 16: 2.0, 32: 3.0, 64: 4.0}  # per unit cost: 2.0, 1.8, 2.5, 2.0
+    assert policy.choices == (15, 16, 32, 63)
+    cost = {15: 1.0, 16: 1.1, 32: 1.2, 63: 2.0}
+    tau = {15: 2.0, 16: 2.0, 32: 3.0, 63: 4.0}  # per unit cost: 2.0, 1.8, 2.5, 2.0
     picks = feed(policy, 1, cost, tau, 4 * MIN_SAMPLES + 10)
-    assert sorted(set(picks[: 4 * MIN_SAMPLES])) == [15, 16, 32, 64]
+    assert sorted(set(picks[: 4 * MIN_SAMPLES])) == [15, 16, 32, 63]
     assert picks[4 * MIN_SAMPLES:] == [32] * 10
     assert not policy.prefers_ar(1)
     # Another batch size is measured on its own: there the chain wins.
-    busy = {15: 1.0, 16: 1.5, 32: 2.5, 64: 5.0}
+    busy = {15: 1.0, 16: 1.5, 32: 2.5, 63: 5.0}
     assert feed(policy, 8, busy, tau, 4 * MIN_SAMPLES + 5)[-5:] == [15] * 5
 
 
@@ -83,12 +83,12 @@ def test_with_measured_costs_only_the_largest_tree_and_the_chain_are_explored() 
     """The largest tree's rounds give every smaller tree its acceptance at the same places
     of the same answers; then the best throughput runs."""
     policy = BudgetPolicy(depth=15, max_budget=64)
-    for choice, cost in {0: 1.0, 15: 1.5, 16: 1.5, 32: 1.6, 64: 2.4}.items():
+    for choice, cost in {0: 1.0, 15: 1.5, 16: 1.5, 32: 1.6, 63: 2.4}.items():
         policy.measure(1, choice, cost)
-    tau = {15: 2.0, 16: 2.0, 32: 4.0, 64: 4.5}  # per unit cost: 1.33, 1.33, 2.5, 1.9
-    picks = feed(policy, 1, {0: 1.0, 15: 1.5, 16: 1.5, 32: 1.6, 64: 2.4}, tau,
+    tau = {15: 2.0, 16: 2.0, 32: 4.0, 63: 4.5}  # per unit cost: 1.33, 1.33, 2.5, 1.9
+    picks = feed(policy, 1, {0: 1.0, 15: 1.5, 16: 1.5, 32: 1.6, 63: 2.4}, tau,
                  2 * MIN_SAMPLES + 5, rows=1)
-    assert picks == [64] * MIN_SAMPLES + [15] * MIN_SAMPLES + [32] * 5
+    assert picks == [63] * MIN_SAMPLES + [15] * MIN_SAMPLES + [32] * 5
 
 
 def test_ar_wins_only_by_a_margin_once_every_size_was_measured() -> None:
@@ -156,12 +156,12 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
     policy = BudgetPolicy(depth=15, max_budget=64)
     # Costs as the engine measures them (a round per choice, graphs on scratch rows):
     # at batch 1 a tree pays, at batch 64 ar's round is far cheaper than any tree's.
-    for batch, costs in ((1, {0: 1.0, 15: 1.5, 16: 1.6, 32: 1.7, 64: 2.2}),
-                         (64, {0: 1.7, 15: 8.0, 16: 8.5, 32: 13.0, 64: 24.0})):
+    for batch, costs in ((1, {0: 1.0, 15: 1.5, 16: 1.6, 32: 1.7, 63: 2.2}),
+                         (64, {0: 1.7, 15: 8.0, 16: 8.5, 32: 13.0, 63: 24.0})):
         for choice, cost in costs.items():
             policy.measure(batch, choice, cost)
         assert policy.is_measured(batch)
-    tau = {15: 2, 16: 2, 32: 3, 64: 3}
+    tau = {15: 2, 16: 2, 32: 3, 63: 3}
     picks = []
     for _ in range(4 * MIN_SAMPLES):  # acceptance is explored once, at batch 1, ...
         choice = policy.choose(1)
@@ -169,14 +169,14 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
         policy.observe(1, choice, 1.6, choice,
                        [path_for(policy, tau, choice)] * AR_MIN_SAMPLES)  # many rows
     # ... by the largest tree and the chain; traffic costs every tree 1.6: 3 / 1.6 is best
-    assert picks[:2] == [64, 15] and set(picks[2:]) <= {32, 64}
-    assert policy.choose(1) in (32, 64)
+    assert picks[:2] == [63, 15] and set(picks[2:]) <= {32, 63}
+    assert policy.choose(1) in (32, 63)
     assert policy.choose(64) == 15  # not explored again at batch 64: the chain is best there
     assert not policy.prefers_ar(1)
     assert policy.prefers_ar(64)  # measured: 1 / 1.7 against 2 / 8 per row
     assert not policy.is_measured(8)
     # Traffic overrides a measurement that was too kind to the trees (empty scratch rows).
-    for choice, cost in {0: 1.0, 15: 1.1, 16: 1.1, 32: 1.2, 64: 1.3}.items():
+    for choice, cost in {0: 1.0, 15: 1.1, 16: 1.1, 32: 1.2, 63: 1.3}.items():
         policy.measure(8, choice, cost)
     assert not policy.prefers_ar(8)
     for choice in policy.choices:
