@@ -15,11 +15,12 @@ from ddtree.models.target_config import TargetConfig
 CPU_KV_BYTES = 2 << 30
 # On a GPU: this fraction of the memory free once the models are loaded.
 GPU_KV_FRACTION = 0.5
-# Tree sizes (nodes besides the root) the round's buffers and graphs come in. 2^k - 1 beside
-# 2^k: a tree of 63 nodes verifies 64 rows, one 64-row tile of every GEMM; in the 64-node
-# bucket it verified 65, two tiles that each read the weight (Qwen3-8B shapes: ~2 ms of
-# an 8.7 ms verify, lease 10).
-NODE_BUCKETS = (16, 32, 63, 64, 127, 128, 255, 256, 511, 512, 1023, 1024)
+# Tree sizes (nodes besides the root) the round's buffers and graphs come in. 63 and 127
+# beside 64 and 128 (auto's sizes, policy.TREE_SIZES): a tree of 63 nodes verifies 64 rows,
+# one 64-row tile of every GEMM; in the 64-node bucket it verified 65, two tiles that each
+# read the weight (Qwen3-8B shapes: ~2 ms of an 8.7 ms verify, lease 10). Each size is
+# one more drafter warm-up compile (drafter_svc) and graph per batch bucket.
+NODE_BUCKETS = (16, 32, 63, 64, 127, 128, 256, 512, 1024)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@
 #           round's split and trace (no cProfile: Python 3.12 allows one per process, the
 #           drafter's thread failed in call 28), every mode against ar, speed, the 8B shapes
 #   call 31 (nothing staged: random 8B weights) the 8B shapes' kernel trace after call 30
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|31   (results under $OUT)
+#   call 32 (after 1-3) the eighth session's state: the 8B shapes (tree@63 in a 63-node
+#           bucket), speed with transformers beside, every mode against ar, then `ddtree
+#           serve`: ar / tree@32 / auto at c1 and c8, each sample compared with ar's
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|32   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -143,6 +146,26 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+32)
+  [ -f $T/config.json ] || stage_target
+  mark engine_bench shapes8b, speed, exact
+  timeout 300 python3 scripts/gpu/engine_bench.py --stages shapes8b,speed,exact \
+    --speed-modes linear,tree@16,tree@32,tree@64,shadow@16 --speed-variants plain \
+    --target $T --humaneval $H 2>&1 | grep -v Warn | grep -v " c[18]: =6/6" \
+    | grep -v "^ *Loading\|warnings.warn" | tail -16
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark serve
+  start_serve || exit 3
+  mark healthy
+  grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
+  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 32 --concurrency 1,8 \
+    --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 | tail -8
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
+  kill $S; wait $S 2>/dev/null
+  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  mark done
+  ;;
 31)
   mark 8B shapes and trace
   OUT=/tmp/traces31 timeout 200 python3 scripts/gpu/engine_bench.py --stages shapes8b,profile8b \
