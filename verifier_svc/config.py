@@ -19,7 +19,7 @@ class VerifierServiceConfig:
     port: int = 50051  # 0 = any free port
     device: str = "auto"
     dtype: str = "auto"
-    mode: Mode = "tree"  # server default; a request may override it
+    mode: Mode = "auto"  # server default (load-following); a request may override it
     budget: int = 32
     max_topk: int | None = None
     max_budget: int = 256  # largest tree a request (or a Verify client) may send
@@ -113,7 +113,8 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--port", type=int, default=int(get("PORT", "50051")))
     parser.add_argument("--device", default=get("DEVICE", "auto"))
     parser.add_argument("--dtype", default=get("DTYPE", "auto"))
-    parser.add_argument("--mode", choices=MODES, default=get("MODE", "tree"))
+    parser.add_argument("--mode", choices=MODES, default=get("MODE", "auto"),
+                        help="default mode of requests that name none (auto: the policy picks ar, the chain or a tree size per row from measured acceptance and round cost)")
     parser.add_argument("--budget", type=int, default=int(get("BUDGET", "32")))
     parser.add_argument(
         "--max-topk", type=_topk, default=_topk(get("MAX_TOPK", "0")), help="0 = no cap"

@@ -21,7 +21,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=MODES, default="tree")
+    parser.add_argument("--mode", choices=MODES, default="auto",
+                        help="auto (default): the load-following policy picks ar, the chain "
+                             "or a tree size per row from measured acceptance and round "
+                             "cost; tree: always a tree of --budget nodes")
     parser.add_argument("--budget", type=int, default=32, help="tree node budget")
     parser.add_argument("--max-topk", type=int, default=None, help="branching cap per depth")
 
