@@ -114,7 +114,9 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--device", default=get("DEVICE", "auto"))
     parser.add_argument("--dtype", default=get("DTYPE", "auto"))
     parser.add_argument("--mode", choices=MODES, default=get("MODE", "auto"),
-                        help="default mode of requests that name none (auto: the policy picks ar, the chain or a tree size per row from measured acceptance and round cost)")
+                        help="default mode of requests that name none (auto: the policy picks "
+                             "ar, the chain or a tree size per row from measured acceptance "
+                             "and round cost)")
     parser.add_argument("--budget", type=int, default=int(get("BUDGET", "32")))
     parser.add_argument(
         "--max-topk", type=_topk, default=_topk(get("MAX_TOPK", "0")), help="0 = no cap"
