@@ -79,7 +79,8 @@
 #   call 32 (after 1-3) the eighth session's state: the 8B shapes (tree@63 in a 63-node
 #           bucket), speed with transformers beside, every mode against ar, then `ddtree
 #           serve`: ar / tree@32 / auto at c1 and c8, each sample compared with ar's
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|32   (results under $OUT)
+#   call 33 (warm, after 32) the load curves (engine_bench.py --stages load)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|33   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -146,6 +147,11 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+33)
+  [ -f $T/config.json ] || stage_target
+  timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -20
+  ;;
 32)
   [ -f $T/config.json ] || stage_target
   mark engine_bench shapes8b, speed, exact
