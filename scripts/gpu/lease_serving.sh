@@ -80,7 +80,10 @@
 #           bucket), speed with transformers beside, every mode against ar, then `ddtree
 #           serve`: ar / tree@32 / auto at c1 and c8, each sample compared with ar's
 #   call 33 (warm, after 32) the load curves (engine_bench.py --stages load)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|33   (results under $OUT)
+#   call 34 (after 1-3) tree attention with several queries per program (a tree's nodes
+#           read their shared prefix once): every mode against ar, speed, the 8B shapes with
+#           and without it (DDTREE_GROUPED_ATTENTION=0)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|34   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -147,6 +150,21 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
 }
 
 case "${1:?call number}" in
+34)
+  [ -f $T/config.json ] || stage_target
+  mark engine_bench exact, speed
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages exact,speed \
+    --speed-modes tree@16,tree@32,tree@64 --speed-variants plain --target $T --humaneval $H \
+    2>&1 | grep -v Warn | grep -v " c[18]: =6/6" | grep -v "^ *Loading\|warnings.warn" | tail -12
+  for grouped in 1 0; do
+    mark shapes8b grouped=$grouped
+    DDTREE_GROUPED_ATTENTION=$grouped timeout 60 python3 scripts/gpu/engine_bench.py \
+      --stages shapes8b --target $T --humaneval $H 2>&1 | grep "^8B"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_grouped$grouped.json"
+  done
+  (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
+  mark done
+  ;;
 33)
   [ -f $T/config.json ] || stage_target
   timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \

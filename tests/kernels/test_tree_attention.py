@@ -86,6 +86,19 @@ def test_output_does_not_depend_on_the_launch(
     assert torch.equal(run(case, last)[0], alone[-1])
 
 
+@pytest.mark.parametrize("per_program", [2, 5])
+def test_several_queries_per_program_give_the_one_query_bits(
+        case: TwinCase, outputs: tuple[torch.Tensor, torch.Tensor], per_program: int) -> None:
+    """The grouped kernel (a tree's nodes share their prefix blocks) puts a query's heads
+    at other rows of the dot and mixes queries of several pool rows: the bits stay."""
+    for queries, alone in ((case.tree, outputs[0]), (case.ar, outputs[1])):
+        length = int(queries.lengths().max()) + 23
+        grouped = tree_attention_tiled(queries.q, case.k_cache, case.v_cache,
+                                       *queries.fields()[1:], 1 / math.sqrt(queries.q.shape[-1]),
+                                       length, *SMALL_TILES, queries_per_program=per_program)
+        assert torch.equal(grouped, alone)
+
+
 def test_matches_the_reference(case: TwinCase,
                                outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert_close_to(outputs[0], reference(case, case.tree))
@@ -121,6 +134,9 @@ def test_a_query_without_keys_gets_zeros() -> None:
     empty = Queries(case.ar.q, case.ar.query_slot, case.ar.prefix_len * 0, case.ar.tree_base,
                     case.ar.tree_keys, case.ar.num_tree_keys)
     assert torch.equal(run(case, empty, max_kv_len=8), torch.zeros_like(case.ar.q))
+    grouped = tree_attention_tiled(empty.q, case.k_cache, case.v_cache, *empty.fields()[1:],
+                                   0.1, 8, *SMALL_TILES, queries_per_program=3)
+    assert torch.equal(grouped, torch.zeros_like(case.ar.q))
 
 
 def test_rejects_malformed_arguments() -> None:
