@@ -392,8 +392,14 @@ def tree_attention(
 
 
 # Whether launches of runs of queries on one pool row take several queries per program
-# (`_tree_attention_group_kernel`; DDTREE_GROUPED_ATTENTION=0 turns it off).
-GROUPED = os.environ.get("DDTREE_GROUPED_ATTENTION", "1") != "0"
+# (`_tree_attention_group_kernel`): off unless DDTREE_GROUPED_ATTENTION=1. On the H200
+# (lease 10, call 34) it kept every mode bitwise equal to ar (the exact stage, 16 of 16
+# rows) but cost the demo pair 16-22% (tree@32 1,620.0 against 1,938.1 tok/s: at contexts
+# of a few hundred keys a program's queries walk their last, partly-tree block one after
+# another, where one-query programs ran in parallel) and gained 3% on the 8B verify of 64
+# nodes at 512 keys (6.36 against 6.56 ms). It is for long shared prefixes (thousands of
+# keys), not measured yet.
+GROUPED = os.environ.get("DDTREE_GROUPED_ATTENTION", "0") == "1"
 
 
 def default_queries_per_program(num_heads: int, num_kv_heads: int, run_length: int) -> int:

@@ -3,7 +3,8 @@
 # (with the 30 MB demo drafter) travels with every call, so the demo target's GGUF comes in
 # quarters (.carry/g1..g4, ~24.5 MB each: `split -n 4 -d -a 1` of the 98 MB file; g1 also
 # holds HumanEval.jsonl.gz and the spec-bench JSONL):
-#   calls 1-3  carry .carry/g1 (+ .whl), .carry/g2, .carry/g3: park them in /tmp
+#   calls 1-3  carry .carry/g1, .carry/g2 (+ .whl: with g1 the 38 MB repository passed the
+#           64 MiB a call carries in lease 10), .carry/g3: park them in /tmp
 #   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
 #           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
 #           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per

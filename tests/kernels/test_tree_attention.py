@@ -149,3 +149,18 @@ def test_rejects_malformed_arguments() -> None:
     with pytest.raises(AssertionError, match="prefix_len"):
         tree_attention(case.ar.q, case.k_cache, case.v_cache, meta[0], meta[1][:0], *meta[2:],
                        0.1, 8)
+
+
+def test_queries_per_program_needs_runs_on_a_pool_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grouping (off by default: measured slower at the demo pair's contexts) fills the
+    dot's rows with whole queries' heads, never more queries than a run holds."""
+    from ddtree.kernels import tree_attention as module
+
+    monkeypatch.setattr(module, "GROUPED", False)
+    assert module.default_queries_per_program(9, 3, 33) == 1
+    monkeypatch.setattr(module, "GROUPED", True)
+    assert module.default_queries_per_program(9, 3, 33) == 5  # SmolLM2: 3 heads a KV head
+    assert module.default_queries_per_program(32, 8, 64) == 4  # Qwen3: 4
+    assert module.default_queries_per_program(9, 3, 2) == 2
+    assert module.default_queries_per_program(9, 3, 1) == 1  # decode batches
+    assert module.default_queries_per_program(64, 2, 16) == 1  # 32 heads fill the rows
