@@ -23,6 +23,10 @@ import torch
 from ddtree.kernels.fused_linear import linear_swiglu, swiglu_epilogue_config
 from ddtree.kernels.matmul import LinearConfig, linear_config, linear_with_config
 
+sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts
+from engine_bench import copy_bandwidth  # noqa: E402
+from tune_linear import graph_us  # noqa: E402
+
 # (name, N, K, output dtype, SwiGLU epilogue): what a Qwen3-8B decoder layer and LM head run
 SHAPES = [
     ("qkv", 6144, 4096, None, False),
@@ -31,40 +35,6 @@ SHAPES = [
     ("down", 4096, 12288, None, False),
     ("lm_head", 151936, 4096, torch.float32, False),
 ]
-REPLAYS = 20
-
-
-def copy_bandwidth() -> float:
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    return 2 * src.numel() * 2 * 10 / (time.perf_counter() - start)
-
-
-def graph_us(fn, inputs: list[torch.Tensor]) -> float:  # type: ignore[no-untyped-def]
-    for x in inputs:
-        fn(x)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(REPLAYS):
-            fn(inputs[i % len(inputs)])
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * REPLAYS)
-
-
 def candidates(committed: LinearConfig, in_features: int, epilogue: bool) -> list[LinearConfig]:
     """The committed tiling first, then split-K x BLOCK_N x BLOCK_K at 4 stages, then
     other stage counts (the time budget cuts the list)."""

@@ -145,6 +145,20 @@ curves_and_serving() {  # load curves, continuous load in process and through `d
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
 }
 
+serve_against_ar() {  # `ddtree serve` (its time to healthy, the drafter's warm-up), ar /
+  # tree@32 / auto at c1 and c8 through it, each sample compared with ar's, drafter losses
+  mark serve
+  start_serve || return 3
+  mark healthy
+  grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
+  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 32 --concurrency 1,8 \
+    --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 | tail -8
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
+  kill $S; wait $S 2>/dev/null
+  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+}
+
 remote_profile() {  # [args]: the remote drafter's round split on the GPU (one process, loopback gRPC)
   PYTHONPATH=.:$PYTHONPATH timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
     --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128 "$@"
@@ -179,16 +193,7 @@ case "${1:?call number}" in
     --target $T --humaneval $H 2>&1 | grep -v Warn | grep -v " c[18]: =6/6" \
     | grep -v "^ *Loading\|warnings.warn" | tail -16
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
-  mark serve
-  start_serve || exit 3
-  mark healthy
-  grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
-  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 32 --concurrency 1,8 \
-    --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 | tail -8
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
-  kill $S; wait $S 2>/dev/null
-  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  serve_against_ar || exit 3
   mark done
   ;;
 31)
@@ -247,16 +252,7 @@ case "${1:?call number}" in
   ;;
 27)
   [ -f $T/config.json ] || stage_target
-  mark serve
-  start_serve || exit 3
-  mark healthy
-  grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
-  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 32 --concurrency 1,8 \
-    --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 | tail -8
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
-  kill $S; wait $S 2>/dev/null
-  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  serve_against_ar || exit 3
   mark done
   ;;
 26)
