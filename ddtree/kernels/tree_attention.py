@@ -29,8 +29,6 @@ ar step that would have produced the same token.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -240,102 +238,6 @@ def _tree_attention_split_kernel(
         tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
 
 
-@triton.jit(do_not_specialize=["num_queries", "num_tree_cols", "stride_tree", "num_splits"])
-def _tree_attention_group_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
-    query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
-    scale_log2, num_queries, num_tree_cols, stride_tree,
-    stride_qt, stride_qh, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
-    stride_ot, stride_oh, num_splits,
-    QUERIES: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, NUM_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_IEEE: tl.constexpr, USE_PDL: tl.constexpr = False,
-):
-    """`_tree_attention_split_kernel` for QUERIES consecutive queries at once: the dot's
-    ROWS rows hold query j's GROUP heads at rows j * GROUP .. (the single-query kernel
-    pads one query's heads to the same ROWS). Key blocks below the prefix of every query
-    of the program, when they share a pool row (a tree's nodes do), go through one dot for
-    all of them: K/V read once for QUERIES queries. The other blocks go query after query
-    through the same `_attend_block`, only that query's rows taking the result. A row's
-    arithmetic is thus the single-query kernel's: the same blocks in the same order, the
-    same ops; MMA rows do not mix, so the other rows of the tile change nothing (the twin
-    tests put a query's heads at different rows)."""
-    first = tl.program_id(0).to(tl.int64) * QUERIES
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    wait_for_inputs(USE_PDL)
-    rows = tl.arange(0, ROWS)
-    member = rows // GROUP  # (ROWS,) the row's query within the program
-    t_row = first + member
-    real = (member < QUERIES) & (t_row < num_queries)
-    t_safe = tl.where(real, t_row, first)
-    prefix = tl.load(prefix_len_ptr + t_safe).to(tl.int32)
-    total = prefix + tl.load(num_tree_keys_ptr + t_safe).to(tl.int32)
-    slot_row = tl.load(query_slot_ptr + t_safe).to(tl.int64)
-    start = split * SPLIT
-    # A query with no keys still gets its split 0 (it writes zeros, never NaN).
-    active = real & (start < tl.maximum(total, 1))  # (ROWS,)
-    if tl.max(active.to(tl.int32), 0) == 0:
-        return
-    end = tl.minimum(start + SPLIT, total)  # (ROWS,)
-    heads = kv_head * GROUP + rows % GROUP
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + t_safe[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=real[:, None], other=0.0)  # (ROWS, D)
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    # Whole prefix blocks every active query has, when they share a pool row.
-    big = 2147483647
-    slot0 = tl.min(tl.where(active, slot_row, big), 0)
-    same_row = tl.max(tl.where(active, slot_row, slot0), 0) == slot0
-    shared_end = tl.min(tl.where(active, tl.minimum(end, prefix), big), 0)
-    shared_tail = start + tl.maximum(shared_end - start, 0) // BLOCK * BLOCK
-    shared_tail = tl.where(same_row, shared_tail, start)
-    k_shared = k_ptr + slot0 * stride_ks + kv_head * stride_kh
-    v_shared = v_ptr + slot0 * stride_vs + kv_head * stride_vh
-    for block_start in range(start, shared_tail, BLOCK):
-        pos = block_start + tl.arange(0, BLOCK)  # every position < every active query's end
-        m_i, l_i, acc = _attend_block(q, k_shared, v_shared, pos.to(tl.int64),
-                                      pos < shared_tail, m_i, l_i, acc, scale_log2,
-                                      stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
-    for j in range(QUERIES):
-        t = first + j
-        if t < num_queries:
-            mine = active & (member == j)  # (ROWS,)
-            j_prefix = tl.load(prefix_len_ptr + t).to(tl.int32)
-            j_total = j_prefix + tl.load(num_tree_keys_ptr + t).to(tl.int32)
-            j_end = tl.minimum(start + SPLIT, j_total)
-            j_base = tl.load(tree_base_ptr + t).to(tl.int32)
-            j_slot = tl.load(query_slot_ptr + t).to(tl.int64)
-            k_base = k_ptr + j_slot * stride_ks + kv_head * stride_kh
-            v_base = v_ptr + j_slot * stride_vs + kv_head * stride_vh
-            for block_start in range(shared_tail, j_end, BLOCK):
-                pos = block_start + tl.arange(0, BLOCK)
-                tree_col = pos - j_prefix
-                is_tree = tree_col >= 0
-                tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
-                                   mask=(pos < j_end) & is_tree & (tree_col < num_tree_cols),
-                                   other=0)
-                slot = tl.where(is_tree, j_base + tree_key.to(tl.int32), pos).to(tl.int64)
-                m_new, l_new, acc_new = _attend_block(
-                    q, k_base, v_base, slot, pos < j_end, m_i, l_i, acc, scale_log2,
-                    stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
-                m_i = tl.where(mine, m_new, m_i)
-                l_i = tl.where(mine, l_new, l_i)
-                acc = tl.where(mine[:, None], acc_new, acc)
-
-    whole = active & (total <= SPLIT)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + t_safe[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=whole[:, None])
-    parted = active & (total > SPLIT)
-    ws_row = (t_safe * num_splits + split) * NUM_HEADS + heads  # (ROWS,) int64
-    tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc, mask=parted[:, None])
-    tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=parted)
-    tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=parted)
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _tree_attention_combine_kernel(
     out_ptr, ws_acc_ptr, ws_stat_ptr, prefix_len_ptr, num_tree_keys_ptr,
@@ -372,7 +274,7 @@ def _tree_attention_combine_kernel(
 def tree_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
-    max_kv_len: int, run_length: int = 1,
+    max_kv_len: int,
 ) -> Tensor:
     """The Triton kernel of `tree_attention_reference` (same arguments; softmax in float32).
 
@@ -381,50 +283,20 @@ def tree_attention(
     (T,) int32/int64; tree_keys: (T, Kt) int32/int64, row-contiguous. `max_kv_len` bounds
     prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
     depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
-    `run_length`: how many consecutive queries share a pool row and prefix (a tree's
-    nodes, a drafter block; 1 for decode batches), which picks the queries per program
-    (`default_queries_per_program`); the output does not depend on it.
     """
-    per_program = default_queries_per_program(q.shape[1], k_cache.shape[2], run_length)
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
                                 tree_keys, num_tree_keys, scale, max_kv_len, BLOCK_N,
-                                SPLIT_SIZE, PREFIX_LOOP, per_program)
-
-
-# Whether launches of runs of queries on one pool row take several queries per program
-# (`_tree_attention_group_kernel`): off unless DDTREE_GROUPED_ATTENTION=1. On the H200
-# (lease 10, call 34) it kept every mode bitwise equal to ar (the exact stage, 16 of 16
-# rows) but cost the demo pair 16-22% (tree@32 1,620.0 against 1,938.1 tok/s: at contexts
-# of a few hundred keys a program's queries walk their last, partly-tree block one after
-# another, where one-query programs ran in parallel) and gained 3% on the 8B verify of 64
-# nodes at 512 keys (6.36 against 6.56 ms). It is for long shared prefixes (thousands of
-# keys), not measured yet.
-GROUPED = os.environ.get("DDTREE_GROUPED_ATTENTION", "0") == "1"
-
-
-def default_queries_per_program(num_heads: int, num_kv_heads: int, run_length: int) -> int:
-    """How many consecutive queries one program of a launch takes: as many as fill the
-    dot's MIN_DOT_ROWS rows with their heads (SmolLM2 3 heads a KV head: 5 queries, Qwen3
-    4: 4), at most `run_length`, when queries come in runs on one pool row that share
-    their prefix (a verify's nodes, the drafter's block: one program then reads the
-    prefix K/V once for all of them); 1 for decode batches (one query per pool row:
-    grouping would only serialise them)."""
-    group = num_heads // num_kv_heads
-    if not GROUPED or run_length < 2 or group >= MIN_DOT_ROWS:
-        return 1
-    return min(MIN_DOT_ROWS // group, run_length)
+                                SPLIT_SIZE, PREFIX_LOOP)
 
 
 def tree_attention_tiled(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
-    queries_per_program: int = 1,
 ) -> Tensor:
     """`tree_attention` with explicit block and split sizes and loop structure (the tests
     use small sizes to cross their boundaries at short lengths). Outputs agree bitwise only
-    between launches with the same three settings, whatever `queries_per_program` (1: the
-    one-query kernel; more: `_tree_attention_group_kernel`)."""
+    between launches with the same three settings."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -448,47 +320,8 @@ def tree_attention_tiled(
     num_prefetch = block_n * prefetch_blocks(
         2 * num_queries * num_kv_heads * num_splits * block_n * head_dim * k_cache.element_size(),
         split_size // block_n)
-    per_program = queries_per_program
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
-    if per_program > 1:
-        rows = max(MIN_DOT_ROWS, triton.next_power_of_2(per_program * group))
-        _tree_attention_group_kernel[(triton.cdiv(num_queries, per_program), num_kv_heads,
-                                      num_splits)](
-            q, k_cache, v_cache, out, ws_acc, ws_stat,
-            query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
-            scale * LOG2_E, num_queries, num_tree_cols, tree_keys.stride(0),
-            q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-            out.stride(0), out.stride(1), num_splits,
-            QUERIES=per_program, GROUP=group, ROWS=rows, NUM_HEADS=num_heads,
-            HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size, DOT_IEEE=dot_in_float32(q),
-            USE_PDL=pdl, num_warps=4, num_stages=3, **launch_kwargs(pdl),
-        )
-    else:
-        _launch_split_kernel(
-            q, k_cache, v_cache, out, ws_acc, ws_stat, query_slot, prefix_len, tree_base,
-            tree_keys, num_tree_keys, scale, num_tree_cols, num_splits, group, block_n,
-            split_size, prefix_loop, pdl, lines, num_prefetch)
-    if num_splits > 1:
-        _tree_attention_combine_kernel[(num_queries, num_heads)](
-            out, ws_acc, ws_stat, prefix_len, num_tree_keys,
-            out.stride(0), out.stride(1), num_splits,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=split_size, USE_PDL=pdl,
-            num_warps=1, **launch_kwargs(pdl),
-        )
-    return out
-
-
-def _launch_split_kernel(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, ws_acc: Tensor, ws_stat: Tensor,
-    query_slot: Tensor, prefix_len: Tensor, tree_base: Tensor, tree_keys: Tensor,
-    num_tree_keys: Tensor, scale: float, num_tree_cols: int, num_splits: int, group: int,
-    block_n: int, split_size: int, prefix_loop: bool, pdl: bool, lines: int,
-    num_prefetch: int,
-) -> None:
-    """One program per (query, KV head, split): `_tree_attention_split_kernel`."""
-    num_queries, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
     _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_stat,
         query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
@@ -502,6 +335,14 @@ def _launch_split_kernel(
         pool_len=k_cache.shape[1],
         num_warps=4, num_stages=3, **launch_kwargs(pdl),
     )
+    if num_splits > 1:
+        _tree_attention_combine_kernel[(num_queries, num_heads)](
+            out, ws_acc, ws_stat, prefix_len, num_tree_keys,
+            out.stride(0), out.stride(1), num_splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLIT=split_size, USE_PDL=pdl,
+            num_warps=1, **launch_kwargs(pdl),
+        )
+    return out
 
 
 def _check_arguments(

@@ -81,7 +81,8 @@
 #           bucket), speed with transformers beside, every mode against ar, then `ddtree
 #           serve`: ar / tree@32 / auto at c1 and c8, each sample compared with ar's
 #   call 33 (warm, after 32) the load curves (engine_bench.py --stages load)
-#   call 34 (after 1-3) tree attention with several queries per program (a tree's nodes
+#   call 34 (after 1-3; ran at 8bdfee9, the kernel is removed since) tree attention with
+#           several queries per program (a tree's nodes
 #           read their shared prefix once): every mode against ar, speed, the 8B shapes with
 #           and without it (DDTREE_GROUPED_ATTENTION=0)
 # Usage: bash scripts/gpu/lease_serving.sh 1|2|...|34   (results under $OUT)

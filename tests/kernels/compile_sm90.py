@@ -91,12 +91,8 @@ def _launch_all() -> None:
             q = torch.randn(2, num_heads, head_dim).to(dtype)
             pool = torch.empty(2, 3, 600, num_kv_heads, head_dim, dtype=dtype)
             meta = torch.zeros(2, dtype=torch.int32)
-            # the one-query kernel and the grouped one (off by default, DDTREE_GROUPED_ATTENTION)
-            for per_program in (1, attention.MIN_DOT_ROWS * num_kv_heads // num_heads):
-                attention.tree_attention_tiled(
-                    q, pool[1], pool[1], meta, meta + 1, meta,
-                    torch.zeros(2, 17, dtype=torch.int32), meta, 0.1, 4096, attention.BLOCK_N,
-                    attention.SPLIT_SIZE, queries_per_program=per_program)
+            attention.tree_attention(q, pool[1], pool[1], meta, meta + 1, meta,
+                                     torch.zeros(2, 17, dtype=torch.int32), meta, 0.1, 4096)
     for hidden in (576, 4096):
         x = torch.randn(2, hidden).to(bf16)
         rms_norm(x, x[0].clone(), 1e-6, x.clone())

@@ -86,19 +86,6 @@ def test_output_does_not_depend_on_the_launch(
     assert torch.equal(run(case, last)[0], alone[-1])
 
 
-@pytest.mark.parametrize("per_program", [2, 5])
-def test_several_queries_per_program_give_the_one_query_bits(
-        case: TwinCase, outputs: tuple[torch.Tensor, torch.Tensor], per_program: int) -> None:
-    """The grouped kernel (a tree's nodes share their prefix blocks) puts a query's heads
-    at other rows of the dot and mixes queries of several pool rows: the bits stay."""
-    for queries, alone in ((case.tree, outputs[0]), (case.ar, outputs[1])):
-        length = int(queries.lengths().max()) + 23
-        grouped = tree_attention_tiled(queries.q, case.k_cache, case.v_cache,
-                                       *queries.fields()[1:], 1 / math.sqrt(queries.q.shape[-1]),
-                                       length, *SMALL_TILES, queries_per_program=per_program)
-        assert torch.equal(grouped, alone)
-
-
 def test_matches_the_reference(case: TwinCase,
                                outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert_close_to(outputs[0], reference(case, case.tree))
@@ -134,9 +121,6 @@ def test_a_query_without_keys_gets_zeros() -> None:
     empty = Queries(case.ar.q, case.ar.query_slot, case.ar.prefix_len * 0, case.ar.tree_base,
                     case.ar.tree_keys, case.ar.num_tree_keys)
     assert torch.equal(run(case, empty, max_kv_len=8), torch.zeros_like(case.ar.q))
-    grouped = tree_attention_tiled(empty.q, case.k_cache, case.v_cache, *empty.fields()[1:],
-                                   0.1, 8, *SMALL_TILES, queries_per_program=3)
-    assert torch.equal(grouped, torch.zeros_like(case.ar.q))
 
 
 def test_rejects_malformed_arguments() -> None:
@@ -149,18 +133,3 @@ def test_rejects_malformed_arguments() -> None:
     with pytest.raises(AssertionError, match="prefix_len"):
         tree_attention(case.ar.q, case.k_cache, case.v_cache, meta[0], meta[1][:0], *meta[2:],
                        0.1, 8)
-
-
-def test_queries_per_program_needs_runs_on_a_pool_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Grouping (off by default: measured slower at the demo pair's contexts) fills the
-    dot's rows with whole queries' heads, never more queries than a run holds."""
-    from ddtree.kernels import tree_attention as module
-
-    monkeypatch.setattr(module, "GROUPED", False)
-    assert module.default_queries_per_program(9, 3, 33) == 1
-    monkeypatch.setattr(module, "GROUPED", True)
-    assert module.default_queries_per_program(9, 3, 33) == 5  # SmolLM2: 3 heads a KV head
-    assert module.default_queries_per_program(32, 8, 64) == 4  # Qwen3: 4
-    assert module.default_queries_per_program(9, 3, 2) == 2
-    assert module.default_queries_per_program(9, 3, 1) == 1  # decode batches
-    assert module.default_queries_per_program(64, 2, 16) == 1  # 32 heads fill the rows
