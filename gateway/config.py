@@ -37,6 +37,9 @@ class GatewayConfig:
     # Round granularity: the verifier messages that arrived while the last event was being
     # sent go out as one event (a busy gateway sends fewer, larger events); off: one each.
     merge_when_behind: bool = True
+    # Generations share one GenerateMany stream to the verifier (one message per round for
+    # all of them); off: a Generate call each.
+    shared_stream: bool = True
     max_n: int = 16  # largest `n` (x prompts) one request may ask for
     request_timeout_s: float = 600.0  # deadline of one Generate call
     rpc_timeout_s: float = 5.0  # deadline of Abort and GetModelInfo
@@ -107,6 +110,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         default=get("MERGE_WHEN_BEHIND", "1") != "0",
                         help="round granularity: messages that queued while the last event "
                              "was sent go out as one event (default on)")
+    parser.add_argument("--shared-stream", action=argparse.BooleanOptionalAction,
+                        default=get("SHARED_STREAM", "1") != "0",
+                        help="generations share one GenerateMany stream to the verifier: "
+                             "one message per round for all (default on); off: a Generate "
+                             "call each")
     parser.add_argument("--max-n", type=int, default=int(get("MAX_N", "16")))
     parser.add_argument(
         "--request-timeout-s", type=float, default=float(get("REQUEST_TIMEOUT_S", "600"))

@@ -1,17 +1,26 @@
-"""The gateway's one gRPC channel to the verifier: Generate (streamed), Abort, GetModelInfo,
+"""The gateway's one gRPC channel to the verifier: generations, Abort, GetModelInfo,
 GetStats and the grpc.health.v1 check; TLS and the token as the gateway's config says.
 
-Every call has a deadline. A Generate that fails with UNAVAILABLE before its first message
-arrived is retried (tenacity, with backoff, for up to `retry_timeout_s`: long enough for
-`ddtree serve` to restart a dead verifier); once tokens have reached the client it never
-is, since a half-streamed generation cannot be replayed. A generation whose consumer stops
-early (stop string, client gone, error) is aborted on the verifier, which frees its KV.
+Generations go over ONE shared GenerateMany stream per gateway process (`shared_stream`,
+the default): the verifier then sends one message per engine round for all of them
+instead of one per generation, and its sends stop contending with the engine thread
+(verifier_svc/generate_many.py). Without it each generation is its own Generate call.
+
+Every generation has a deadline (`request_timeout_s`). One that fails with UNAVAILABLE
+before its first message arrived is retried (tenacity, with backoff, for up to
+`retry_timeout_s`: long enough for `ddtree serve` to restart a dead verifier); once tokens
+have reached the client it never is, since a half-streamed generation cannot be replayed.
+A generation whose consumer stops early (stop string, client gone, error) is aborted on the
+verifier, which frees its KV.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import TypeAlias
 
 import grpc
 import structlog
@@ -35,6 +44,63 @@ def _is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
 
 
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """A generation's end on the shared stream as the error its own call would raise."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+Update: TypeAlias = "verifier_pb2.GenerationUpdate | grpc.aio.AioRpcError"
+
+
+class SharedStream:
+    """One GenerateMany call and the queues of the generations started on it."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+        self.call = call
+        self.queues: dict[str, asyncio.Queue[Update]] = {}
+        self.error: grpc.aio.AioRpcError | None = None  # set once the call has ended
+        self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        error = status_error(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream")
+        try:
+            async for response in self.call:
+                for update in response.updates:
+                    queue = self.queues.get(update.request_id)
+                    if queue is not None:  # else a generation that stopped listening
+                        queue.put_nowait(update)
+        except grpc.aio.AioRpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = status_error(grpc.StatusCode.CANCELLED, "the gateway closed the stream")
+            raise
+        finally:
+            self.error = error
+            for queue in self.queues.values():
+                queue.put_nowait(error)
+
+    async def send(self, message: verifier_pb2.GenerateManyRequest) -> None:
+        if self.error is not None:
+            raise self.error
+        async with self._writing:
+            try:
+                await self.call.write(message)
+            except grpc.aio.AioRpcError:
+                raise
+            except Exception as exc:  # written after the end (InvalidStateError, UsageError)
+                raise self.error or status_error(grpc.StatusCode.UNAVAILABLE,
+                                                 "the verifier stream has ended") from exc
+
+    async def close(self) -> None:
+        self.call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
 class VerifierClient:
     """Create it anywhere; `start` it inside the event loop that will use it."""
 
@@ -47,6 +113,7 @@ class VerifierClient:
         retry_timeout_s: float = 60.0,
         stats_timeout_s: float = 1.0,
         security: GrpcSecurity | None = None,
+        shared_stream: bool = True,
     ) -> None:
         self.address = address
         self.request_timeout_s = request_timeout_s
@@ -59,13 +126,15 @@ class VerifierClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: verifier_pb2_grpc.VerifierStub | None = None
         self._health: health_pb2_grpc.HealthStub | None = None
+        self.shared_stream = shared_stream
+        self._shared: SharedStream | None = None
         self._background: set[asyncio.Task[None]] = set()  # aborts in flight
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> VerifierClient:
         return cls(config.verifier_addr, config.request_timeout_s, config.rpc_timeout_s,
                    config.retry_attempts, config.retry_timeout_s, config.stats_timeout_s,
-                   config.security)
+                   config.security, config.shared_stream)
 
     async def start(self) -> None:
         """Opens the channel (grpc.aio binds it to the running loop)."""
@@ -76,6 +145,8 @@ class VerifierClient:
     async def close(self) -> None:
         if self._background:
             await asyncio.wait(self._background, timeout=self.rpc_timeout_s)
+        if self._shared is not None:
+            await self._shared.close()
         if self._channel is not None:
             await self._channel.close(grace=None)
 
@@ -88,6 +159,118 @@ class VerifierClient:
         self, request: verifier_pb2.GenerateRequest
     ) -> AsyncGenerator[verifier_pb2.GenerateResponse, None]:
         """The generation's messages; closing the iterator early aborts it."""
+        messages = (self._generate_shared(request) if self.shared_stream
+                    else self._generate_alone(request))
+        async with aclosing(messages):
+            async for message in messages:
+                yield message
+
+    # ------------------------------------------------------------ over the shared stream
+
+    def _stream(self) -> SharedStream:
+        """The live shared stream, opened anew after the last one ended."""
+        if self._shared is None or self._shared.error is not None:
+            call = self.stub.GenerateMany(metadata=self._metadata)  # lives with the gateway
+            self._shared = SharedStream(call)
+        return self._shared
+
+    async def _generate_shared(
+        self, request: verifier_pb2.GenerateRequest
+    ) -> AsyncGenerator[verifier_pb2.GenerateResponse, None]:
+        if not request.request_id:
+            raise ValueError("a generation on the shared stream needs a request_id")
+        deadline = asyncio.get_running_loop().time() + self.request_timeout_s
+        stream, queue, message = await self._start_shared(request, deadline)
+        is_done = False
+        try:
+            while True:
+                is_done = bool(message.finish_reason)
+                yield message
+                if is_done:
+                    return
+                message = await self._next(queue, deadline)
+        except grpc.aio.AioRpcError as exc:
+            # Ended by the verifier (or the stream broke): nothing left to abort; past its
+            # deadline it still runs there.
+            is_done = exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+            raise
+        finally:
+            stream.queues.pop(request.request_id, None)
+            if not is_done:
+                self._abort_shared(stream, request.request_id)
+
+    async def _start_shared(
+        self, request: verifier_pb2.GenerateRequest, deadline: float
+    ) -> tuple[SharedStream, asyncio.Queue[Update], verifier_pb2.GenerateResponse]:
+        """Starts the generation and reads its first message, retrying only UNAVAILABLE
+        (a verifier that is restarting: the next try opens a new stream)."""
+        async for attempt in self._retrying():
+            with attempt:
+                stream, queue = self._stream(), asyncio.Queue[Update]()
+                stream.queues[request.request_id] = queue
+                try:
+                    await stream.send(verifier_pb2.GenerateManyRequest(start=request))
+                    first = await self._next(queue, deadline)
+                except grpc.aio.AioRpcError as exc:
+                    stream.queues.pop(request.request_id, None)
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        self._abort_shared(stream, request.request_id)
+                    raise
+                except BaseException:  # cancelled while waiting: it may be running
+                    stream.queues.pop(request.request_id, None)
+                    self._abort_shared(stream, request.request_id)
+                    raise
+                if attempt.retry_state.attempt_number > 1:
+                    log.info("generate_retried", request_id=request.request_id,
+                             attempts=attempt.retry_state.attempt_number)
+                return stream, queue, first
+        raise AssertionError("tenacity returned without a result")  # reraise=True
+
+    @staticmethod
+    async def _next(queue: asyncio.Queue[Update], deadline: float
+                    ) -> verifier_pb2.GenerateResponse:
+        if queue.empty():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    update = await queue.get()
+            except TimeoutError:
+                raise status_error(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   "Deadline Exceeded") from None
+        else:
+            update = queue.get_nowait()
+        if isinstance(update, grpc.aio.AioRpcError):
+            raise update
+        if update.error_code:
+            raise status_error(_CODES.get(update.error_code, grpc.StatusCode.UNKNOWN),
+                               update.error_message)
+        return update.response
+
+    def _abort_shared(self, stream: SharedStream, request_id: str) -> None:
+        """Aborts on the stream (a task: this runs where the caller is being cancelled);
+        a stream that has ended needs none: the verifier cancelled its generations."""
+        async def abort() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stream.send(verifier_pb2.GenerateManyRequest(abort=request_id))
+                log.info("generation_aborted", request_id=request_id)
+
+        if stream.error is None:
+            task = asyncio.get_running_loop().create_task(abort())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------ one Generate call each
+
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception(_is_unavailable),
+            stop=stop_after_attempt(self.retry_attempts) | stop_after_delay(self.retry_timeout_s),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )
+
+    async def _generate_alone(
+        self, request: verifier_pb2.GenerateRequest
+    ) -> AsyncGenerator[verifier_pb2.GenerateResponse, None]:
         call, message = await self._open(request)
         is_done = False
         try:
@@ -108,13 +291,7 @@ class VerifierClient:
         self, request: verifier_pb2.GenerateRequest
     ) -> tuple[grpc.aio.UnaryStreamCall, object]:
         """Starts Generate and reads its first message, retrying only UNAVAILABLE."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(_is_unavailable),
-            stop=stop_after_attempt(self.retry_attempts) | stop_after_delay(self.retry_timeout_s),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        )
-        async for attempt in retrying:
+        async for attempt in self._retrying():
             with attempt:
                 call = self.stub.Generate(request, timeout=self.request_timeout_s,
                                           metadata=self._metadata)

@@ -1,7 +1,8 @@
 """The engine thread: the ONE thread that touches the target model and the engine.
 
 It loops `Engine.step()` (admission, then one round for every running generation) and
-hands each generation's RoundResults to the RPC thread streaming it. Everything else that
+hands each generation's RoundResults to the RPC thread streaming it (Generate: one queue
+per generation; GenerateMany: one outbox per stream, flushed once per step). Everything else that
 touches the engine - admitting a request, aborting one, the client sessions' calls - runs
 on this thread between steps as a job (`call`), so the engine needs no locks.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -45,13 +47,56 @@ class GenerationAborted(Exception):
     """The generation was stopped by Abort or by its client going away."""
 
 
+Item = RoundResult | BaseException
+
+
+class Outbox:
+    """What the engine thread hands one GenerateMany stream: every generation's results
+    and ends, in order, released to the stream's writer once per step (`flush`), so that
+    the writer sends one message for all the rows of a round."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[str, Item]] = deque()
+        self._ready = threading.Condition()
+
+    def put(self, request_id: str, item: Item) -> None:
+        with self._ready:
+            self._items.append((request_id, item))
+
+    def flush(self) -> None:
+        with self._ready:
+            if self._items:
+                self._ready.notify()
+
+    def take(self, timeout_s: float) -> list[tuple[str, Item]]:
+        """Everything waiting; blocks up to `timeout_s` for the next flush when empty."""
+        with self._ready:
+            if not self._items:
+                self._ready.wait(timeout_s)
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+
 @dataclass
 class Generation:
     request_id: str
     request: GenerationRequest
     owner: str = ""  # the gRPC peer that started it: only it may Abort it
-    out: queue.Queue[RoundResult | BaseException] = field(default_factory=queue.Queue)
+    out: queue.Queue[Item] = field(default_factory=queue.Queue)
     stats: GenerationStats | None = None  # set with the first result
+    outbox: Outbox | None = None  # GenerateMany: results go to the stream's outbox instead
+
+    def put(self, item: Item, flush: bool = True) -> Outbox | None:
+        """Hands over a result or the error that ends it; -> the outbox to flush later
+        when `flush` is False (the engine thread flushes once per step)."""
+        if self.outbox is None:
+            self.out.put(item)
+            return None
+        self.outbox.put(self.request_id, item)
+        if flush:
+            self.outbox.flush()
+        return self.outbox
 
     def results(self, is_active: Callable[[], bool]) -> Iterator[list[RoundResult]]:
         """The RPC thread's view: RoundResults in order until finished, in batches: each
@@ -121,16 +166,23 @@ class Scheduler:
             future.cancel()  # a job that has not started yet never will
 
     def submit(self, request_id: str, request: GenerationRequest,
-               owner: str = "") -> Generation:
-        """Queues a generation; InvalidArgumentError / CapacityError (queue full) at once."""
-        generation = Generation(request_id, request, owner)
-
-        def admit() -> None:
-            self.engine.add_request(request_id, request)
-            self._generations[request_id] = generation
-
-        self.call(admit)
+               owner: str = "", outbox: Outbox | None = None) -> Generation:
+        """Queues a generation; InvalidArgumentError / CapacityError (queue full) at once.
+        Its results go to `outbox` when given (GenerateMany), else to its own queue."""
+        generation = Generation(request_id, request, owner, outbox=outbox)
+        self.call(lambda: self._admit(generation))
         return generation
+
+    def enqueue(self, generation: Generation) -> None:
+        """Queues a generation without waiting (GenerateMany): a refusal (invalid, queue
+        full) reaches its outbox as the error that ends it."""
+        def job() -> None:
+            try:
+                self._admit(generation)
+            except Exception as exc:  # the request's fault: handed to its stream
+                generation.put(exc)
+
+        self._jobs.put(job)
 
     def abort(self, request_id: str, owner: str = "") -> bool:
         """Stops a generation before the next round and frees its row; False when unknown
@@ -173,8 +225,10 @@ class Scheduler:
                 log.exception("step_failed")
                 self._fail_all(exc)
                 continue
-            for request_id, result in outputs:
-                self._deliver(request_id, result)
+            outboxes = {self._deliver(request_id, result) for request_id, result in outputs}
+            for outbox in outboxes:
+                if outbox is not None:
+                    outbox.flush()
 
     def _take_jobs(self, wait: bool) -> list[Callable[[], None] | None]:
         """Every queued job; blocks (a while) for the first one when there is no work."""
@@ -191,26 +245,32 @@ class Scheduler:
             except queue.Empty:
                 return jobs
 
-    def _deliver(self, request_id: str, result: RoundResult) -> None:
+    def _admit(self, generation: Generation) -> None:
+        self.engine.add_request(generation.request_id, generation.request)
+        self._generations[generation.request_id] = generation
+
+    def _deliver(self, request_id: str, result: RoundResult) -> Outbox | None:
+        """-> the outbox to flush once the step's results are all in (None: nothing to)."""
         generation = self._generations.get(request_id)
         if generation is None:
-            return
-        generation.out.put(result)
+            return None
+        outbox = generation.put(result, flush=False)
         if result.finished:
             del self._generations[request_id]
             warn_if_acceptance_near_one(request_id, result.stats)
+        return outbox
 
     def _abort(self, request_id: str) -> bool:
         found = self.engine.abort(request_id)
         generation = self._generations.pop(request_id, None)
         if generation is not None:
-            generation.out.put(GenerationAborted("aborted"))
+            generation.put(GenerationAborted("aborted"))
         return found
 
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._generations):
             self.engine.abort(request_id)
-            self._generations.pop(request_id).out.put(exc)
+            self._generations.pop(request_id).put(exc)
 
     def _engine_stats(self) -> verifier_pb2.EngineStats:
         engine, counters = self.engine, self.engine.counters
@@ -229,5 +289,5 @@ class Scheduler:
     def _shutdown(self) -> None:
         for request_id in list(self._generations):
             self.engine.abort(request_id)
-            self._generations.pop(request_id).out.put(
+            self._generations.pop(request_id).put(
                 GenerationAborted("the verifier is shutting down"))

@@ -118,7 +118,8 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     servicer = VerifierServicer(
         config, scheduler, sessions, model_info(config, target, engine.max_model_len), drafter
     )
-    # Each Generate stream holds a thread for its whole life; leave room for unary calls.
+    # Each Generate (or GenerateMany) stream holds a thread for its whole life; leave room
+    # for unary calls.
     # Every running or queued generation may hold a stream; RPCs past the pool are refused
     # (RESOURCE_EXHAUSTED) instead of waiting for a thread.
     num_threads = config.max_num_seqs + config.max_queue + 16

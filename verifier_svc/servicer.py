@@ -20,6 +20,7 @@ from ddtree.tree_validation import validate_tree
 from ddtree.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
+from verifier_svc.generate_many import ManyStream
 from verifier_svc.scheduler import Scheduler
 from verifier_svc.status import streaming, unary
 
@@ -59,6 +60,16 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         for results in generation.results(context.is_active):
             yield self._response(results, generation.stats)
         log.info("generate_finished", request_id=request_id, active=context.is_active())
+
+    @streaming
+    def GenerateMany(
+        self, request_iterator: Iterator[verifier_pb2.GenerateManyRequest],
+        context: grpc.ServicerContext,
+    ) -> Iterator[verifier_pb2.GenerateManyResponse]:
+        log.info("generate_many_open", peer=context.peer())
+        stream = ManyStream(self.scheduler, self._generation_request, self._response, context)
+        yield from stream.run(request_iterator)
+        log.info("generate_many_closed", peer=context.peer(), active=context.is_active())
 
     def _generation_request(self, msg: verifier_pb2.GenerateRequest) -> GenerationRequest:
         if msg.max_tokens < 0:

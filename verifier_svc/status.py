@@ -22,7 +22,8 @@ log = structlog.get_logger("verifier_svc")
 R = TypeVar("R")
 
 
-def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str) -> NoReturn:
+def status_of(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status an exception ends a call (or one GenerateMany generation) with; logs it."""
     code = codec.status_code_for(exc)
     # KeyError's str() quotes its message (SessionNotFoundError is a KeyError).
     message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
@@ -33,7 +34,11 @@ def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str) -
         message = f"internal error in {method} (see the verifier's log)"
     else:
         log.info("rpc_rejected", method=method, code=code.name, reason=message)
-    context.abort(code, message)
+    return code, message
+
+
+def abort_with(context: grpc.ServicerContext, exc: BaseException, method: str) -> NoReturn:
+    context.abort(*status_of(exc, method))
     raise AssertionError("context.abort returned")  # it always raises
 
 

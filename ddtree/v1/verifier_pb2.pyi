@@ -68,6 +68,32 @@ class GenerateResponse(_message.Message):
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[_common_pb2.SpecStats, _Mapping]] = ..., acceptance_lengths: _Optional[_Iterable[int]] = ..., drafted_nodes: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
+class GenerateManyRequest(_message.Message):
+    __slots__ = ("start", "abort")
+    START_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    start: GenerateRequest
+    abort: str
+    def __init__(self, start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., abort: _Optional[str] = ...) -> None: ...
+
+class GenerationUpdate(_message.Message):
+    __slots__ = ("request_id", "response", "error_code", "error_message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    response: GenerateResponse
+    error_code: int
+    error_message: str
+    def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class GenerateManyResponse(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[GenerationUpdate]
+    def __init__(self, updates: _Optional[_Iterable[_Union[GenerationUpdate, _Mapping]]] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class VerifierStub:
                 request_serializer=ddtree_dot_v1_dot_verifier__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=ddtree_dot_v1_dot_verifier__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/ddtree.v1.Verifier/GenerateMany',
+                request_serializer=ddtree_dot_v1_dot_verifier__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=ddtree_dot_v1_dot_verifier__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/ddtree.v1.Verifier/Abort',
                 request_serializer=ddtree_dot_v1_dot_verifier__pb2.AbortRequest.SerializeToString,
@@ -76,6 +81,15 @@ class VerifierServicer:
 
     def Generate(self, request, context):
         """Runs a whole generation (prefill, then rounds with the drafter); streams committed tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many generations over one stream (the gateway's path): starts and aborts in, and per
+        engine round ONE message out with every update of this stream's generations, so the
+        verifier sends one message a round instead of one per generation.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -126,6 +140,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=ddtree_dot_v1_dot_verifier__pb2.GenerateRequest.FromString,
                     response_serializer=ddtree_dot_v1_dot_verifier__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=ddtree_dot_v1_dot_verifier__pb2.GenerateManyRequest.FromString,
+                    response_serializer=ddtree_dot_v1_dot_verifier__pb2.GenerateManyResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -185,6 +204,33 @@ class Verifier:
             '/ddtree.v1.Verifier/Generate',
             ddtree_dot_v1_dot_verifier__pb2.GenerateRequest.SerializeToString,
             ddtree_dot_v1_dot_verifier__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ddtree.v1.Verifier/GenerateMany',
+            ddtree_dot_v1_dot_verifier__pb2.GenerateManyRequest.SerializeToString,
+            ddtree_dot_v1_dot_verifier__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -85,7 +85,12 @@
 #           several queries per program (a tree's nodes
 #           read their shared prefix once): every mode against ar, speed, the 8B shapes with
 #           and without it (DDTREE_GROUPED_ATTENTION=0)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|34   (results under $OUT)
+#   call 35 (ninth session, after 1-3) the gateway's shared GenerateMany stream against a
+#           Generate call per generation: `ddtree serve` (shared, port 8000) with a second
+#           gateway on port 8001 (--no-shared-stream) over the same verifier and drafter; ar
+#           and tree@32 at c1 and c8 through each, interleaved, every sample against ar, and
+#           the CPU seconds of the verifier, drafter, gateways and the bench per point
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|35   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -165,7 +170,82 @@ remote_profile() {  # [args]: the remote drafter's round split on the GPU (one p
     --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128 "$@"
 }
 
+cpu_s() {  # pid...: user + system CPU seconds of each process so far, space-separated
+  for pid in "$@"; do
+    awk -v t="$(getconf CLK_TCK)" '{split($0, a, ") "); split(a[2], f, " ");
+      printf "%.2f ", (f[12] + f[13]) / t}' "/proc/$pid/stat" 2>/dev/null || printf "nan "
+  done
+}
+
+bench_point() {  # port mode concurrency tag: one bench point, with each process's CPU seconds
+  local pids="$(cat $OUT/pids/verifier.pid) $(cat $OUT/pids/drafter.pid) $(cat $OUT/pids/gateway.pid) $G2"
+  local before after start end
+  before=$(cpu_s $pids); start=$(date +%s.%N)
+  local TIMEFORMAT="bench_cpu_s %U %S"
+  { time timeout 200 python3 -m ddtree.cli bench \
+    --url "http://127.0.0.1:$1" --prompts humaneval --num-prompts 40 --num-requests 40 \
+    --modes "$2" --budgets 32 --concurrency "$3" --max-tokens 256 --no-progress \
+    --json-out "$OUT/report_$4.json" >"$OUT/bench_$4.txt" 2>&1 ; } 2>>"$OUT/bench_$4.txt"
+  end=$(date +%s.%N); after=$(cpu_s $pids)
+  python3 - "$4" "$start" "$end" "$before" "$after" "$OUT/report_$4.json" "$OUT/bench_$4.txt" <<'PY'
+import json, sys
+tag, start, end, before, after, report, log = sys.argv[1:]
+wall = float(end) - float(start)
+used = [float(b) - float(a) for a, b in zip(before.split(), after.split())]
+bench = next((l.split()[1:] for l in open(log) if l.startswith("bench_cpu_s")), ["nan", "nan"])
+row = json.load(open(report))["rows"][0]
+names = ["verifier", "drafter", "gateway(8000)", "gateway(8001)"]
+cpu = " ".join(f"{n} {u / wall:.2f}" for n, u in zip(names, used) if u == u)
+print(f"{tag:<16} {row['output_throughput']['median']:>9.1f} tok/s  tau "
+      f"{row['acceptance_length']:.2f}  ttft p50 {row['latency_ms']['ttft']['p50']:.1f} ms  "
+      f"itl p50 {row['latency_ms']['itl']['p50']:.2f} ms  cores: {cpu} "
+      f"bench {(float(bench[0]) + float(bench[1])) / wall:.2f}")
+PY
+}
+
 case "${1:?call number}" in
+35)
+  [ -f $T/config.json ] || stage_target
+  mark serve
+  mkdir -p "$OUT/pids"
+  python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
+    --dtype bfloat16 --pid-dir "$OUT/pids" >"$OUT/serve.log" 2>&1 &
+  S=$!
+  wait_healthy $S "$OUT/serve.log" || exit 3
+  python3 -m gateway --verifier-addr 127.0.0.1:50051 --target $T --port 8001 \
+    --no-shared-stream >"$OUT/gateway2.log" 2>&1 &
+  G2=$!
+  for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8001/health >/dev/null && break; sleep 0.5; done
+  mark healthy
+  bench_point 8000 ar 1 warm-up >/dev/null
+  for pass in 1 2; do
+    for point in "ar 8" "tree 8" "ar 1" "tree 1"; do
+      set -- $point
+      [ $pass = 2 ] && [ $2 = 1 ] && continue
+      for port in 8000 8001; do
+        mark "pass $pass $1 c$2 port $port"
+        bench_point $port $1 $2 "$1-c$2-$port-p$pass"
+      done
+    done
+  done
+  mark samples against ar
+  for port in 8000 8001; do
+    python3 - "$OUT" "$port" <<'PY'
+import glob, json, sys
+out, port = sys.argv[1:]
+rows = []
+for path in sorted(glob.glob(f"{out}/report_*-{port}-p*.json")):
+    rows += json.load(open(path))["rows"]
+json.dump({"rows": rows}, open(f"{out}/all_{port}.json", "w"))
+PY
+    echo "port $port: $(python3 scripts/gpu/ar_mismatches.py "$OUT/all_$port.json" | tail -1 | cut -c1-300)"
+  done
+  kill $G2 $S; wait $S 2>/dev/null
+  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  (cd "$OUT" && tar -czf raw.tar.gz report_*.json bench_*.txt serve.log gateway2.log \
+    && rm -f report_*.json bench_*.txt serve.log gateway2.log all_*.json)
+  mark done
+  ;;
 34)
   [ -f $T/config.json ] || stage_target
   mark engine_bench exact, speed
