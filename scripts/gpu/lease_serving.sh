@@ -90,7 +90,10 @@
 #           gateway on port 8001 (--no-shared-stream) over the same verifier and drafter; ar
 #           and tree@32 at c1 and c8 through each, interleaved, every sample against ar, and
 #           the CPU seconds of the verifier, drafter, gateways and the bench per point
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|35   (results under $OUT)
+#   call 36 (after 1-3) the policy's TREE_MARGIN and the shared stream as a user runs them:
+#           `ddtree serve` ar / tree@32 / auto at c1 and c8, each sample against ar
+#   call 37 (warm, after 36) the load curves with TREE_MARGIN (engine_bench.py --stages load)
+# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|37   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -204,6 +207,17 @@ PY
 }
 
 case "${1:?call number}" in
+36)
+  [ -f $T/config.json ] || stage_target
+  serve_against_ar || exit 3
+  (cd "$OUT" && tar -czf raw.tar.gz report.json serve.log && rm -f report.json serve.log)
+  mark done
+  ;;
+37)
+  [ -f $T/config.json ] || stage_target
+  timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -20
+  ;;
 35)
   [ -f $T/config.json ] || stage_target
   mark serve
