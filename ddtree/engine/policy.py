@@ -185,19 +185,22 @@ class BudgetPolicy:
 
     def prefers_ar(self, batch: int) -> bool:
         """Whether the best tree fails to beat ar by TREE_MARGIN at this batch bucket
-        (judged once every tree size was measured there, its acceptance is known and
-        recent, and the best tree's acceptance rests on AR_MIN_SAMPLES rows x rounds)."""
-        if any(self._cost_of(batch, c) is None for c in self.choices):
+        (judged once every tree size's acceptance is known and recent, the best tree's
+        rests on AR_MIN_SAMPLES rows x rounds, and every size has a cost there or a bound:
+        a size not timed yet costs at least the largest smaller size that was, so a
+        remote drafter's hop need not be timed at every size before ar is chosen)."""
+        costs = self._cost_bounds(batch)
+        if costs is None:
             return False
         oldest = self._round - AR_EVIDENCE_ROUNDS
         if any(c not in self._tau or self._tau[c].count < MIN_SAMPLES
                or self._tau[c].last_round < oldest for c in self.choices):
             return False
-        best_choice = max(self.choices, key=lambda c: self.throughput(batch, c))
+        best_choice = max(self.choices, key=lambda c: self._tau[c].value / costs[c])
         if self._tau[best_choice].count < AR_MIN_SAMPLES:
             return False
-        best = self.throughput(batch, best_choice)
-        ar, chain = self._latest_cost(batch, 0), self._cost_of(batch, self.depth)
+        best = self._tau[best_choice].value / costs[best_choice]
+        ar, chain = self._latest_cost(batch, 0), costs[self.depth]
         if ar is not None and ar > 0:
             ar_rate = 1.0 / ar
         elif chain is not None and chain > 0:
@@ -205,6 +208,21 @@ class BudgetPolicy:
         else:
             return False
         return TREE_MARGIN * ar_rate > best
+
+    def _cost_bounds(self, batch: int) -> dict[int, float] | None:
+        """Each choice's cost at this batch bucket, or for one not timed yet the largest
+        cost of a smaller choice that was (a tree with more nodes costs no less); None
+        while the chain, the smallest, has none."""
+        bounds: dict[int, float] = {}
+        floor = 0.0
+        for choice in sorted(self.choices):
+            cost = self._cost_of(batch, choice)
+            if cost is not None and cost > 0:
+                floor = max(floor, cost)
+            if floor <= 0:
+                return None
+            bounds[choice] = cost if cost is not None and cost > 0 else floor
+        return bounds
 
     def snapshot(self) -> dict[str, object]:
         """What the policy believes, for logs and benchmarks: per batch bucket, each

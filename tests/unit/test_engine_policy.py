@@ -332,3 +332,29 @@ def test_a_pipelined_round_costs_the_time_since_the_previous_round_ended() -> No
     assert round_cost(0.0, 2.0, 0.0) == 2.0
     assert round_cost(1.1, 3.0, 2.0) == pytest.approx(1.0)
     assert round_cost(5.0, 5.5, 3.0) == pytest.approx(0.5)
+
+
+def test_a_slow_chain_bounds_the_untimed_trees_and_sends_auto_to_ar() -> None:
+    """Behind a remote drafter only ar is measured: at a new batch size every tree size
+    would be timed in traffic first. A tree costs no less than a smaller one, so once the
+    chain's rounds cost more than the best acceptance can pay for, ar is chosen without
+    timing the larger trees (through `ddtree serve` at c8 that exploring took ~10% of a
+    40-request run, lease 11 call 36)."""
+    policy = BudgetPolicy(depth=15, max_budget=64)
+    tau = {15: 2.3, 16: 2.7, 32: 3.2, 63: 3.6}
+    policy.measure(1, 0, 1.0)
+    feed(policy, 1, {15: 4.0, 16: 4.0, 32: 4.2, 63: 4.5}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    policy.measure(8, 0, 1.0)  # ar measured at batch 8; no tree timed there yet
+    assert not policy.prefers_ar(8)
+    picks = feed(policy, 8, {15: 8.0}, tau, MIN_SAMPLES)
+    assert picks == [15] * MIN_SAMPLES  # the chain, the smallest, is timed first
+    # best bound: 3.6 / 8.0 = 0.45 per row against ar's 1.0: ar, the trees untimed
+    assert policy.prefers_ar(8)
+    # A cheap chain leaves room for the trees: they are timed before any verdict.
+    cheap = BudgetPolicy(depth=15, max_budget=64)
+    cheap.measure(1, 0, 1.0)
+    feed(cheap, 1, {15: 4.0, 16: 4.0, 32: 4.2, 63: 4.5}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    cheap.measure(8, 0, 1.0)
+    feed(cheap, 8, {15: 2.5}, tau, MIN_SAMPLES)
+    assert not cheap.prefers_ar(8)  # 3.6 / 2.5 = 1.44 per row might beat ar
+    assert cheap.choose(8) == 16  # so the next size is timed
