@@ -94,7 +94,10 @@
 #   call 36 (after 1-3) the policy's TREE_MARGIN and the shared stream as a user runs them:
 #           `ddtree serve` ar / tree@32 / auto at c1 and c8, each sample against ar
 #   call 37 (warm, after 36) the load curves with TREE_MARGIN (engine_bench.py --stages load)
-# Usage: bash scripts/gpu/lease_serving.sh 1|2|...|37   (results under $OUT)
+#   call 38 (after 0-3) the ninth session's final state: ar / tree@16 / tree@32 at c1 and c8
+#           in process (continuous load), then `ddtree serve` with auto beside them (the
+#           policy's cost bounds behind the hop), every sample against ar
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|38   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -208,6 +211,26 @@ PY
 }
 
 case "${1:?call number}" in
+38)
+  [ -f $T/config.json ] || stage_target
+  mark bench in process
+  timeout 200 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes ar,tree --budgets 16,32 --concurrency 1,8 \
+    --max-tokens 256 --no-progress --json-out "$OUT/report_inprocess.json" 2>&1 | tail -8
+  mark serve
+  start_serve || exit 3
+  mark healthy
+  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 16,32 \
+    --concurrency 1,8 --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 \
+    | tail -10
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | cut -c1-600 | tail -2
+  kill $S; wait $S 2>/dev/null
+  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  (cd "$OUT" && tar -czf raw.tar.gz report*.json serve.log && rm -f report*.json serve.log)
+  mark done
+  ;;
 36)
   [ -f $T/config.json ] || stage_target
   serve_against_ar || exit 3
