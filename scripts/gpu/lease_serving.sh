@@ -97,7 +97,10 @@
 #   call 38 (after 0-3) the ninth session's final state: ar / tree@16 / tree@32 at c1 and c8
 #           in process (continuous load), then `ddtree serve` with auto beside them (the
 #           policy's cost bounds behind the hop), every sample against ar
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|38   (results under $OUT)
+#   call 39 (after 0-3) the verifier's GIL switch interval with the shared stream: a
+#           gateway and an ar verifier (no drafter), restarted at 5 ms and 0.5 ms twice,
+#           ar at c8 through them (TTFT: 20-40 ms through the services, 3.4 in process)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|39   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -211,6 +214,26 @@ PY
 }
 
 case "${1:?call number}" in
+39)
+  [ -f $T/config.json ] || stage_target
+  python3 -m gateway --verifier-addr 127.0.0.1:50051 --target $T --port 8000 \
+    >"$OUT/gateway.log" 2>&1 &
+  G=$!
+  for gil in 0.005 0.0005 0.005 0.0005; do
+    mark "verifier, GIL switch interval $gil s"
+    DDTREE_GIL_SWITCH_INTERVAL_S=$gil python3 -m verifier_svc --target $T --device cuda \
+      --dtype bfloat16 --mode ar --port 50051 >>"$OUT/verifier.log" 2>&1 &
+    V=$!
+    wait_healthy $V "$OUT/verifier.log" || exit 3
+    timeout 100 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 40 --num-requests 40 --modes ar --concurrency 8,1 --max-tokens 256 \
+      --no-progress 2>&1 | grep "url "
+    kill $V; wait $V 2>/dev/null
+  done
+  kill $G
+  (cd "$OUT" && tar -czf raw.tar.gz verifier.log gateway.log && rm -f verifier.log gateway.log)
+  mark done
+  ;;
 38)
   [ -f $T/config.json ] || stage_target
   mark bench in process
