@@ -119,7 +119,7 @@ class ManyStream:
                 code, text = status_of(item, "GenerateMany")
                 response.updates.add(request_id=request_id, error_code=code.value[0],
                                      error_message=text)
-                self._ended(request_id)
+                self._ended(request_id, "", code.name)
             else:
                 waiting.setdefault(request_id, []).append(item)
         for request_id, results in waiting.items():
@@ -133,9 +133,11 @@ class ManyStream:
         update = response.updates.add(request_id=request_id)
         update.response.CopyFrom(self.respond(results, results[-1].stats))
         if results[-1].finished:
-            self._ended(request_id)
+            self._ended(request_id, update.response.finish_reason, "OK")
 
-    def _ended(self, request_id: str) -> None:
+    def _ended(self, request_id: str, finish_reason: str, status: str) -> None:
+        """finish_reason: "" when the generation did not run to its end (status says why)."""
         with self._lock:
             self._live.pop(request_id, None)
-        log.info("generate_finished", request_id=request_id, stream="many")
+        log.info("generate_finished", request_id=request_id, stream="many",
+                 finish_reason=finish_reason, status=status)

@@ -57,9 +57,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             mode=generation.request.spec.mode,
             num_prompt_tokens=len(request.prompt_ids),
         )
+        finish_reason = ""
         for results in generation.results(context.is_active):
-            yield self._response(results, generation.stats)
-        log.info("generate_finished", request_id=request_id, active=context.is_active())
+            response = self._response(results, generation.stats)
+            finish_reason = response.finish_reason
+            yield response
+        log.info("generate_finished", request_id=request_id, finish_reason=finish_reason,
+                 active=context.is_active())
 
     @streaming
     def GenerateMany(

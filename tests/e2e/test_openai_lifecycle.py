@@ -70,7 +70,7 @@ def test_client_disconnect_aborts_the_generation_on_the_verifier(stack: Any) -> 
         stub = verifier_pb2_grpc.VerifierStub(channel)
         wait_for(lambda: stub.GetStats(verifier_pb2.StatsRequest(), timeout=10).num_running == 0)
     finished = stack.verifier_events("generate_finished", request_id)
-    assert not any(r["active"] for r in finished)
+    assert not any(r["finish_reason"] for r in finished)
 
 
 def test_greedy_chat_equals_ddtree_generate_in_ar_mode(
