@@ -188,8 +188,20 @@ class BudgetPolicy:
         (judged once every tree size's acceptance is known and recent, the best tree's
         rests on AR_MIN_SAMPLES rows x rounds, and every size has a cost there or a bound:
         a size not timed yet costs at least the largest smaller size that was, so a
-        remote drafter's hop need not be timed at every size before ar is chosen)."""
+        remote drafter's hop need not be timed at every size before ar is chosen).
+        A bucket where no tree was timed yet follows a smaller bucket that prefers ar:
+        a tree's gain over ar only shrinks as the batch grows (ar's round barely grows
+        with its rows, a tree's verify does), so those rows start as ar instead of
+        exploring trees that cannot win (behind a remote drafter each new (rows, nodes)
+        shape also costs the drafter a graph capture)."""
         costs = self._cost_bounds(batch)
+        if costs is None:
+            smaller = {b for b, _ in self._measured} | {b for b, _ in self._cost}
+            return any(self._prefers_ar_at(b, self._cost_bounds(b))
+                       for b in sorted(smaller) if b < batch)
+        return self._prefers_ar_at(batch, costs)
+
+    def _prefers_ar_at(self, batch: int, costs: dict[int, float] | None) -> bool:
         if costs is None:
             return False
         oldest = self._round - AR_EVIDENCE_ROUNDS

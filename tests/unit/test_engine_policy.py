@@ -343,9 +343,10 @@ def test_a_slow_chain_bounds_the_untimed_trees_and_sends_auto_to_ar() -> None:
     policy = BudgetPolicy(depth=15, max_budget=64)
     tau = {15: 2.3, 16: 2.7, 32: 3.2, 63: 3.6}
     policy.measure(1, 0, 1.0)
-    feed(policy, 1, {15: 4.0, 16: 4.0, 32: 4.2, 63: 4.5}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    feed(policy, 1, {15: 1.4, 16: 1.4, 32: 1.5, 63: 1.7}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    assert not policy.prefers_ar(1)  # trees win at batch 1 ...
     policy.measure(8, 0, 1.0)  # ar measured at batch 8; no tree timed there yet
-    assert not policy.prefers_ar(8)
+    assert not policy.prefers_ar(8)  # ... so batch 8 is explored
     picks = feed(policy, 8, {15: 8.0}, tau, MIN_SAMPLES)
     assert picks == [15] * MIN_SAMPLES  # the chain, the smallest, is timed first
     # best bound: 3.6 / 8.0 = 0.45 per row against ar's 1.0: ar, the trees untimed
@@ -353,8 +354,26 @@ def test_a_slow_chain_bounds_the_untimed_trees_and_sends_auto_to_ar() -> None:
     # A cheap chain leaves room for the trees: they are timed before any verdict.
     cheap = BudgetPolicy(depth=15, max_budget=64)
     cheap.measure(1, 0, 1.0)
-    feed(cheap, 1, {15: 4.0, 16: 4.0, 32: 4.2, 63: 4.5}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    feed(cheap, 1, {15: 1.4, 16: 1.4, 32: 1.5, 63: 1.7}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
     cheap.measure(8, 0, 1.0)
     feed(cheap, 8, {15: 2.5}, tau, MIN_SAMPLES)
     assert not cheap.prefers_ar(8)  # 3.6 / 2.5 = 1.44 per row might beat ar
     assert cheap.choose(8) == 16  # so the next size is timed
+
+
+def test_a_larger_batch_follows_a_smaller_one_that_prefers_ar() -> None:
+    """A tree's gain over ar only shrinks as the batch grows: a batch bucket where no tree
+    was timed yet starts as ar when a smaller bucket prefers ar (through `ddtree serve`
+    auto at c8 after c1 otherwise explored every tree size behind the hop first, lease 11
+    call 38), and explores when the smaller buckets prefer trees."""
+    tau = {15: 2.3, 16: 2.7, 32: 3.2, 63: 3.6}
+    slow = BudgetPolicy(depth=15, max_budget=64)
+    slow.measure(1, 0, 1.0)
+    feed(slow, 1, {15: 4.0, 16: 4.0, 32: 4.2, 63: 4.5}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    assert slow.prefers_ar(1)  # 3.6 / 4.5 per row against 1 / 1.0
+    assert slow.prefers_ar(8) and slow.prefers_ar(64)  # nothing timed there: as batch 1
+    fast = BudgetPolicy(depth=15, max_budget=64)
+    fast.measure(1, 0, 1.0)
+    feed(fast, 1, {15: 1.4, 16: 1.4, 32: 1.5, 63: 1.7}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    assert not fast.prefers_ar(1) and not fast.prefers_ar(8)  # batch 8 is explored
+    assert fast.choose(8) == 15
