@@ -75,7 +75,7 @@ class ManyStream:
         finally:
             with self._lock:
                 self._reading = False
-            self.outbox.flush()
+            self.outbox.wake()  # a half-closed stream with nothing running ends now
 
     def _start(self, message: verifier_pb2.GenerateRequest) -> None:
         request_id = message.request_id

@@ -68,6 +68,11 @@ class Outbox:
             if self._items:
                 self._ready.notify()
 
+    def wake(self) -> None:
+        """Wakes the writer even with nothing to send (it then checks whether to end)."""
+        with self._ready:
+            self._ready.notify()
+
     def take(self, timeout_s: float) -> list[tuple[str, Item]]:
         """Everything waiting; blocks up to `timeout_s` for the next flush when empty."""
         with self._ready:
