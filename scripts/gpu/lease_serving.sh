@@ -260,11 +260,6 @@ case "${1:?call number}" in
   (cd "$OUT" && tar -czf raw.tar.gz report.json serve.log && rm -f report.json serve.log)
   mark done
   ;;
-37)
-  [ -f $T/config.json ] || stage_target
-  timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -20
-  ;;
 35)
   [ -f $T/config.json ] || stage_target
   mark serve
@@ -322,7 +317,7 @@ PY
   (cd "$OUT" && tar -cf engine_json.tar engine_*.json && rm -f engine_*.json)
   mark done
   ;;
-33)
+33|37)
   [ -f $T/config.json ] || stage_target
   timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -20
