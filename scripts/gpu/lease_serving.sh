@@ -100,7 +100,10 @@
 #   call 39 (after 0-3) the verifier's GIL switch interval with the shared stream: a
 #           gateway and an ar verifier (no drafter), restarted at 5 ms and 0.5 ms twice,
 #           ar at c8 through them (TTFT: 20-40 ms through the services, 3.4 in process)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|39   (results under $OUT)
+#   call 40 (after 0-3; written after lease 11, not yet run) where the first token's time
+#           goes through the services: scripts/profile_ttft.py (GenerateMany, Generate and
+#           HTTP through the gateway, alone and beside 7 streams), shared stream and not
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|40   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -214,6 +217,15 @@ PY
 }
 
 case "${1:?call number}" in
+40)
+  [ -f $T/config.json ] || stage_target
+  for shared in "" --no-shared-stream; do
+    mark "profile_ttft $shared"
+    timeout 250 python3 scripts/profile_ttft.py --target $T --device cuda --dtype bfloat16 \
+      --load 0,7 $shared 2>&1 | tail -4
+  done
+  mark done
+  ;;
 39)
   [ -f $T/config.json ] || stage_target
   python3 -m gateway --verifier-addr 127.0.0.1:50051 --target $T --port 8000 \
