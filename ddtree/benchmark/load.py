@@ -28,6 +28,9 @@ class RunResult:
     start: float  # perf_counter at the run's start (samples' start_s are relative to it)
     wall_s: float
     samples: list[RequestSample]
+    # CPU seconds of this process during the run (against a URL: the benchmark client's
+    # own work; a client near one core bounds what it measures).
+    cpu_s: float = 0.0
 
 
 class _Schedule:
@@ -52,7 +55,7 @@ async def run_load(
     settings: RequestSettings, num_requests: int | None, duration_s: float | None,
     repeat: int = 0, seed: int = 0, on_sample: OnSample | None = None,
 ) -> RunResult:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     schedule = _Schedule(len(prompts), num_requests, duration_s)
     samples: list[RequestSample] = []
 
@@ -73,7 +76,8 @@ async def run_load(
         await asyncio.gather(*(worker() for _ in range(load.concurrency)))
     else:
         await _poisson(one, schedule, load, random.Random(seed * 1000 + repeat))
-    return RunResult(repeat, start, time.perf_counter() - start, samples)
+    return RunResult(repeat, start, time.perf_counter() - start, samples,
+                     time.process_time() - cpu)
 
 
 async def _poisson(one: Callable[[int], Awaitable[None]], schedule: _Schedule, load: LoadPoint,

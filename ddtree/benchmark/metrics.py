@@ -47,6 +47,7 @@ def summarize_run(run: RunResult) -> dict[str, Any]:
         "output_throughput": round(tokens / wall, 4),
         "request_throughput": round(len(ok) / wall, 4),
         "request_tok_s": round(median(rates), 4) if rates else None,
+        "client_cores": round(run.cpu_s / wall, 3),
     }
 
 

@@ -16,6 +16,11 @@ from ddtree.benchmark.row import BenchRow, mark_matches_ar
 from ddtree.benchmark.sample import BenchPrompt
 from ddtree.benchmark.target import RunBounds, Target
 
+# A client using this much CPU per wall second is said to (maybe) bound its figures; the
+# targets that run the model in this process are left out (their CPU is the engine's too).
+CLIENT_BOUND_CORES = 0.9
+IN_PROCESS_TARGETS = ("inprocess", "hf")
+
 
 @dataclass(frozen=True)
 class TargetPlan:
@@ -85,10 +90,16 @@ async def _measure(row: BenchRow, target: Target, prompts: list[BenchPrompt],
         await run_load(target, prompts, spec, width, config.settings, warmup, None)
     for repeat in range(config.repeats):
         bar.set_description(f"{name} {repeat + 1}/{config.repeats}")
-        row.runs.append(await run_load(
+        run = await run_load(
             target, prompts, spec, load, config.settings,
             requests_per_run(config, len(prompts), load), config.duration_s,
-            repeat=repeat, seed=config.seed, on_sample=lambda _: bar.update(1)))
+            repeat=repeat, seed=config.seed, on_sample=lambda _: bar.update(1))
+        row.runs.append(run)
+        cores = run.cpu_s / max(run.wall_s, 1e-9)
+        if row.target not in IN_PROCESS_TARGETS and cores >= CLIENT_BOUND_CORES:
+            print(f"note: {name} run {repeat + 1}: the benchmark client used {cores:.2f} "
+                  "cores; one Python client near a full core may bound these figures "
+                  "(run several clients and add their throughputs)", file=sys.stderr)
 
 
 async def run_bench(plans: Sequence[TargetPlan], prompt_sets: dict[str, list[BenchPrompt]],
