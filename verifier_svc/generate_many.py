@@ -25,7 +25,8 @@ from verifier_svc.status import status_of
 
 log = structlog.get_logger("verifier_svc")
 
-Respond = Callable[[list[RoundResult], GenerationStats | None], verifier_pb2.GenerateResponse]
+Respond = Callable[[list[RoundResult], GenerationStats | None, verifier_pb2.GenerateResponse],
+                  verifier_pb2.GenerateResponse]
 Convert = Callable[[verifier_pb2.GenerateRequest], GenerationRequest]
 
 
@@ -131,7 +132,7 @@ class ManyStream:
         if not results:
             return
         update = response.updates.add(request_id=request_id)
-        update.response.CopyFrom(self.respond(results, results[-1].stats))
+        self.respond(results, results[-1].stats, update.response)
         if results[-1].finished:
             self._ended(request_id, update.response.finish_reason, "OK")
 

@@ -171,10 +171,9 @@ class Scheduler:
             future.cancel()  # a job that has not started yet never will
 
     def submit(self, request_id: str, request: GenerationRequest,
-               owner: str = "", outbox: Outbox | None = None) -> Generation:
-        """Queues a generation; InvalidArgumentError / CapacityError (queue full) at once.
-        Its results go to `outbox` when given (GenerateMany), else to its own queue."""
-        generation = Generation(request_id, request, owner, outbox=outbox)
+               owner: str = "") -> Generation:
+        """Queues a generation; InvalidArgumentError / CapacityError (queue full) at once."""
+        generation = Generation(request_id, request, owner)
         self.call(lambda: self._admit(generation))
         return generation
 

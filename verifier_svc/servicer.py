@@ -92,11 +92,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     @staticmethod
     def _response(
-        results: list[RoundResult], stats: GenerationStats | None
+        results: list[RoundResult], stats: GenerationStats | None,
+        response: verifier_pb2.GenerateResponse | None = None,
     ) -> verifier_pb2.GenerateResponse:
-        """One message for consecutive rounds of one generation."""
+        """One message for consecutive rounds of one generation (filled in `response`
+        when given: GenerateMany's update holds it)."""
         last = results[-1]
-        response = verifier_pb2.GenerateResponse(finish_reason=last.finish_reason or "")
+        if response is None:
+            response = verifier_pb2.GenerateResponse()
+        response.finish_reason = last.finish_reason or ""
         for result in results:
             response.token_ids.extend(result.new_tokens)
             if result.committed_tokens:  # a verify round (the prefill's result has none)
