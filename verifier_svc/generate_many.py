@@ -30,6 +30,15 @@ Respond = Callable[[list[RoundResult], GenerationStats | None, verifier_pb2.Gene
 Convert = Callable[[verifier_pb2.GenerateRequest], GenerationRequest]
 
 
+class _Refused(Exception):
+    """A start refused before it became a generation of the stream (its error update must
+    not end a live generation that has the same request_id)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class ManyStream:
     """One GenerateMany call: `run` is its response iterator."""
 
@@ -90,7 +99,7 @@ class ManyStream:
             generation = Generation(request_id, self.convert(message), self.peer,
                                     outbox=self.outbox)
         except Exception as exc:  # noqa: BLE001 - the one generation fails, the stream lives
-            self.outbox.put(request_id, exc)
+            self.outbox.put(request_id, _Refused(exc))
             self.outbox.flush()
             return
         with self._lock:
@@ -115,7 +124,11 @@ class ManyStream:
         response = verifier_pb2.GenerateManyResponse()
         waiting: dict[str, list[RoundResult]] = {}
         for request_id, item in items:
-            if isinstance(item, BaseException):
+            if isinstance(item, _Refused):
+                code, text = status_of(item.error, "GenerateMany")
+                response.updates.add(request_id=request_id, error_code=code.value[0],
+                                     error_message=text)
+            elif isinstance(item, BaseException):
                 self._add_results(response, request_id, waiting.pop(request_id, []))
                 code, text = status_of(item, "GenerateMany")
                 response.updates.add(request_id=request_id, error_code=code.value[0],

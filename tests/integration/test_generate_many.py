@@ -102,6 +102,28 @@ def test_a_bad_start_fails_alone_and_the_stream_lives_on(
     assert tokens == greedy_tokens(target, prompt, 6)
 
 
+def test_a_start_that_reuses_a_running_id_is_refused_and_the_first_runs_on(
+        verifier: Verifier, target: TargetModel) -> None:
+    prompt = make_prompt(target, 5, seed=9)
+    requests = Requests()
+    requests.start("twice", prompt, 40)
+    tokens: list[int] = []
+    refused: list[str] = []
+    for message in verifier.stub.GenerateMany(iter(requests), timeout=RPC_TIMEOUT_S):
+        for update in message.updates:
+            assert update.request_id == "twice"
+            if update.error_code:
+                refused.append(update.error_message)
+                # the stream still tracks the first: a half-close waits for its end
+                requests.close()
+            else:
+                if not tokens and not refused:
+                    requests.start("twice", prompt, 4)  # while the first runs
+                tokens += update.response.token_ids
+    assert len(refused) == 1 and "already running" in refused[0]
+    assert tokens == greedy_tokens(target, prompt, 40)
+
+
 def test_abort_on_the_stream_ends_that_generation_only(
         verifier: Verifier, target: TargetModel) -> None:
     requests = Requests()
