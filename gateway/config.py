@@ -41,7 +41,7 @@ class GatewayConfig:
     # all of them); off: a Generate call each.
     shared_stream: bool = True
     max_n: int = 16  # largest `n` (x prompts) one request may ask for
-    request_timeout_s: float = 600.0  # deadline of one Generate call
+    request_timeout_s: float = 600.0  # deadline of one generation
     rpc_timeout_s: float = 5.0  # deadline of Abort and GetModelInfo
     stats_timeout_s: float = 1.0  # deadline of the health check and GetStats (/health, /metrics)
     # A Generate that has produced no token yet is retried while the verifier answers
