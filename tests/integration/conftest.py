@@ -4,6 +4,7 @@ on port 0, stubs, and the target's own greedy tokens as the reference."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -165,6 +166,17 @@ def generate_over_grpc(
         if response.finish_reason:
             reason, stats = response.finish_reason, response.stats
     return Generated([t for c in chunks for t in c], chunks, reason, stats, rounds)
+
+
+async def engine_idle(client: VerifierClient, tries: int = 200) -> bool:
+    """Whether the verifier's pool empties (nothing running or waiting) within `tries`
+    polls of GetStats, 50 ms apart."""
+    for _ in range(tries):
+        stats = await client.engine_stats()
+        if stats.num_running == 0 and stats.num_waiting == 0:
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 def free_port() -> int:

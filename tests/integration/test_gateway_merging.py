@@ -15,7 +15,7 @@ from gateway.generation import ChoiceDelta, ChoiceRun
 from gateway.metrics import Metrics
 from gateway.params import OutputOptions
 from gateway.verifier_client import VerifierClient
-from tests.integration.conftest import Verifier
+from tests.integration.conftest import Verifier, engine_idle
 
 MAX_TOKENS = 24
 AR = common_pb2.SpecParams(mode=common_pb2.MODE_AR)  # one token per verifier message
@@ -90,12 +90,7 @@ async def _wait_idle(verifier: Verifier) -> bool:
     client = VerifierClient(f"127.0.0.1:{verifier.port}")
     await client.start()
     try:
-        for _ in range(100):
-            stats = await client.engine_stats()
-            if stats.num_running == 0 and stats.num_waiting == 0:
-                return True
-            await asyncio.sleep(0.05)
-        return False
+        return await engine_idle(client, tries=100)
     finally:
         await client.close()
 

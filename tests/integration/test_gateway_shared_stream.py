@@ -14,7 +14,7 @@ import pytest
 from ddtree.models.target import TargetModel
 from ddtree.v1 import common_pb2, verifier_pb2
 from gateway.verifier_client import VerifierClient
-from tests.integration.conftest import Verifier, greedy_tokens, make_prompt
+from tests.integration.conftest import Verifier, engine_idle, greedy_tokens, make_prompt
 
 AR = common_pb2.SpecParams(mode=common_pb2.MODE_AR)
 
@@ -30,15 +30,6 @@ async def tokens_of(client: VerifierClient, message: verifier_pb2.GenerateReques
         async for response in messages:
             tokens += response.token_ids
     return tokens
-
-
-async def idle(client: VerifierClient) -> bool:
-    for _ in range(200):
-        stats = await client.engine_stats()
-        if stats.num_running == 0 and stats.num_waiting == 0:
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize("shared_stream", [True, False])
@@ -71,7 +62,7 @@ def test_an_early_stop_aborts_on_the_stream_and_the_stream_serves_on(
                 async for _ in messages:
                     break  # the consumer leaves (a stop string, a client gone)
             stream = client._shared
-            freed = await idle(client)  # the abort went over the open stream
+            freed = await engine_idle(client)  # the abort went over the open stream
             tokens = await tokens_of(client, request("after", prompt, 6))
             return freed, tokens, client._shared is stream
         finally:
