@@ -104,12 +104,20 @@ def swiglu_epilogue_config(gate_up_weight: Tensor) -> LinearConfig | None:
     the plain GEMM reads), or None where the weight's tiling splits K (the epilogue needs
     the whole sum). Looked up once per weight shape (eager forwards ask every layer)."""
     two_i, k = gate_up_weight.shape
-    return _epilogue_config(two_i, k, gate_up_weight.dtype)
+    return _epilogue_config(two_i, k, gate_up_weight.dtype, None)
 
 
-@functools.lru_cache(maxsize=64)
-def _epilogue_config(two_i: int, k: int, dtype: torch.dtype) -> LinearConfig | None:
-    config = linear_config(two_i, k, dtype)
+def swiglu_epilogue_rows_config(gate_up_weight: Tensor, num_rows: int) -> LinearConfig | None:
+    """`swiglu_epilogue_config` with the weight's output tiles for `num_rows` rows
+    (matmul.ROW_TILES: the same bits); None where that one is None."""
+    two_i, k = gate_up_weight.shape
+    return _epilogue_config(two_i, k, gate_up_weight.dtype, num_rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _epilogue_config(two_i: int, k: int, dtype: torch.dtype,
+                     num_rows: int | None) -> LinearConfig | None:
+    config = linear_config(two_i, k, dtype, num_rows)
     if config.split_k != 1 or two_i % 2:
         return None
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
@@ -126,7 +134,7 @@ def linear_swiglu(x: Tensor, gate_up_weight: Tensor,
     """The Triton kernel: x (T, K) contiguous, gate_up_weight (2I, K) in its dtype ->
     (T, I) = silu_mul(invariant_linear(x, gate_up_weight)) (bitwise, with `config` =
     `swiglu_epilogue_config`, which must not be None)."""
-    config = config or swiglu_epilogue_config(gate_up_weight)
+    config = config or swiglu_epilogue_rows_config(gate_up_weight, x.shape[0])
     assert config is not None, "this weight's tiling splits K: use linear then silu_mul"
     check_operands(x, gate_up_weight, None, gate_up_weight.shape[1])
     out = x.new_empty((x.shape[0], gate_up_weight.shape[0] // 2))

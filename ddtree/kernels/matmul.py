@@ -10,7 +10,9 @@ the same order, for every launch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +74,42 @@ TUNED: dict[str, dict[str, int]] = (
     json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {})
 
 
+# M x N tiles by the number of rows, for the shapes the project serves: per weight key,
+# [min_rows, block_m, block_n, num_warps] entries (the last whose min_rows <= T applies).
+# Only the output tiles and warps change, never BLOCK_K, split-K or the stages, so each
+# output element is summed over K in the same chunks and order: on the H200 every such
+# candidate gave the weight tiling's bits at T = 1 / 33 / 132 / 264 (scripts/gpu/
+# gemm_rows_sweep.py, lease 12, all bitwise), and at 132+ rows (batches of trees) wider
+# tiles are up to 30% faster. Applied to the plain GEMM and the SwiGLU epilogue (which
+# halves the plain BLOCK_N), not to the fused prologues (not measured). DDTREE_ROW_TILES=0
+# leaves them out (A/B on the GPU).
+ROW_TILES_PATH = Path(__file__).with_name("linear_rows.json")
+ROW_TILES: dict[str, list[list[int]]] = (
+    json.loads(ROW_TILES_PATH.read_text())
+    if ROW_TILES_PATH.exists() and os.environ.get("DDTREE_ROW_TILES", "1") != "0" else {})
+
+
 def tuned_key(out_features: int, in_features: int, dtype: torch.dtype) -> str:
     return f"{out_features}x{in_features}:{str(dtype).removeprefix('torch.')}"
 
 
-def linear_config(out_features: int, in_features: int, dtype: torch.dtype) -> LinearConfig:
-    """The tiling of a (N, K) weight: a function of the weight alone, never of T.
+def rows_config(config: LinearConfig, out_features: int, in_features: int,
+                dtype: torch.dtype, num_rows: int) -> LinearConfig:
+    """`config` (the weight's tiling) with the output tiles and warps of `ROW_TILES` for
+    `num_rows` rows; the K order is untouched, so no element's bits change."""
+    chosen = None
+    for min_rows, block_m, block_n, warps in ROW_TILES.get(
+            tuned_key(out_features, in_features, dtype), ()):
+        if num_rows >= min_rows:
+            chosen = dataclasses.replace(config, block_m=block_m, block_n=block_n,
+                                         num_warps=warps)
+    return chosen or config
+
+
+def linear_config(out_features: int, in_features: int, dtype: torch.dtype,
+                  num_rows: int | None = None) -> LinearConfig:
+    """The tiling of a (N, K) weight: its K order a function of the weight alone, never
+    of T; with `num_rows`, the output tiles of `ROW_TILES` for that many rows.
 
     16-bit weights: 64 x 128 tiles (one warpgroup's wgmma on Hopper, and memory bound at
     T <= 64: 64 rows of MMA per weight byte is under the H200's ~180 FLOP/byte ridge);
@@ -85,9 +117,11 @@ def linear_config(out_features: int, in_features: int, dtype: torch.dtype) -> Li
     leave most SMs idle at small T and the weight is large enough to be worth a launch.
     A shape in the tuned table takes its measured tiling instead."""
     tuned = TUNED.get(tuned_key(out_features, in_features, dtype))
-    if tuned is not None:
-        return LinearConfig(**tuned)
-    return default_linear_config(out_features, in_features, dtype)
+    config = (LinearConfig(**tuned) if tuned is not None
+              else default_linear_config(out_features, in_features, dtype))
+    if num_rows is None:
+        return config
+    return rows_config(config, out_features, in_features, dtype, num_rows)
 
 
 def default_linear_config(out_features: int, in_features: int,
@@ -238,8 +272,8 @@ def invariant_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                      out_dtype: torch.dtype | None = None) -> Tensor:
     """x: (T, K) contiguous; weight: (N, K) contiguous, x's dtype; bias: (N,) or None ->
     (T, N) in `out_dtype` (default x's dtype), float32 accumulation. Row t of the result
-    is bitwise the same for any T: the tiling is `linear_config(N, K, dtype)`."""
-    config = linear_config(weight.shape[0], weight.shape[1], weight.dtype)
+    is bitwise the same for any T: the K order is `linear_config(N, K, dtype)`'s."""
+    config = linear_config(weight.shape[0], weight.shape[1], weight.dtype, x.shape[0])
     return linear_with_config(x, weight, bias, out_dtype, config)
 
 

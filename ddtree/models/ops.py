@@ -116,7 +116,7 @@ def norm_swiglu_down(backend: Backend, x: Tensor, residual: Tensor | None,
     one launch fewer; fused_linear.linear_swiglu); with `fused` the norm and SwiGLU are
     the GEMMs' prologues instead."""
     if backend.kernels and backend.invariant and backend.swiglu_epilogue and not backend.fused:
-        config = fused_linear.swiglu_epilogue_config(gate_up_weight)
+        config = fused_linear.swiglu_epilogue_rows_config(gate_up_weight, x.shape[0])
         if config is not None:
             normed, h = rms_norm(backend, x, norm_weight, eps, residual)
             return linear(backend, fused_linear.linear_swiglu(normed, gate_up_weight, config),

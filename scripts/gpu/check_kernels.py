@@ -188,9 +188,14 @@ def _check_one_linear(report: Report, name: str, out_features: int, in_features:
                 mismatches.append((num_rows, offset))
     report.check(f"{name} rows invariant over T={list(row_counts)}", not mismatches,
                  f"differ at (T, offset) {mismatches}" if mismatches else "")
-    if variants is not None:  # do_not_specialize: no new binary for T = 1 or T % 16 == 0
+    if variants is not None:  # do_not_specialize: no new binary for T = 1 or T % 16 == 0,
+        # only for another row tile (matmul.ROW_TILES: other output tiles, the same bits)
+        tiles = {matmul.linear_config(out_features, in_features, dtype, rows)
+                 for rows in row_counts} - {
+            matmul.linear_config(out_features, in_features, dtype, x.shape[0])}
         added = _num_compiled(matmul._linear_kernel) - variants
-        report.check(f"{name} one binary for every T", added == 0, f"{added} compiled for T")
+        report.check(f"{name} one binary per row tile", added <= len(tiles),
+                     f"{added} compiled for {len(tiles)} other row tiles")
 
 
 def _num_compiled(kernel: object) -> int | None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddtree.kernels.matmul import (
+    ROW_TILES,
     TUNED,
     LinearConfig,
     default_linear_config,
@@ -90,6 +91,35 @@ def test_tuned_tilings_are_whole_k_blocks_and_used_for_their_shape() -> None:
         config = linear_config(out_features, in_features, getattr(torch, dtype))
         assert config == LinearConfig(**fields)
         assert in_features % config.block_k == 0 and config.split_k >= 1
+
+
+def test_row_tiles_change_only_the_output_tiles() -> None:
+    """linear_rows.json: more rows may take other M x N tiles and warps, never another
+    BLOCK_K, split-K or stage count (each element's K order stays the weight's)."""
+    assert ROW_TILES, "the row tiles table is missing"
+    for key, entries in ROW_TILES.items():
+        shape, dtype = key.split(":")
+        out_features, in_features = (int(n) for n in shape.split("x"))
+        base = linear_config(out_features, in_features, getattr(torch, dtype))
+        assert [entry[0] for entry in entries] == sorted(entry[0] for entry in entries)
+        for min_rows, block_m, block_n, warps in entries:
+            for rows in (min_rows - 1, min_rows):
+                config = linear_config(out_features, in_features, getattr(torch, dtype), rows)
+                assert (config.block_k, config.split_k, config.num_stages) == (
+                    base.block_k, base.split_k, base.num_stages)
+            assert (config.block_m, config.block_n, config.num_warps) == (block_m, block_n, warps)
+        assert linear_config(out_features, in_features, getattr(torch, dtype), 1) == base
+
+
+def test_rows_past_the_row_tile_thresholds_keep_their_bits() -> None:
+    """The demo target's QKV weight (two row tiles): T = 1, 33, 140 and 260 rows give each
+    row the same bits (the interpreter's dots; bitwise on the H200: gemm_rows_sweep)."""
+    gen = torch.Generator().manual_seed(5)
+    weight = (torch.randn(960, 576, generator=gen) / 24).bfloat16()
+    x = torch.randn(260, 576, generator=gen).bfloat16()
+    whole = invariant_linear(x, weight)
+    for rows in (1, 33, 140):
+        assert torch.equal(invariant_linear(x[-rows:].contiguous(), weight), whole[-rows:])
 
 
 def test_empty_batch_gives_an_empty_result() -> None:

@@ -1,0 +1,107 @@
+"""Whether the invariant GEMM may pick its M x N tiles from the number of rows: at the demo
+target's shapes, each weight's committed tiling against the same BLOCK_K / split-K / stages
+with other BLOCK_M, BLOCK_N and warp counts, at T = 1 (ar), 33 (one tree of 32), 132 and
+264 (8 trees of 16 and 32), timed inside CUDA graphs; every candidate's output compared
+bitwise with the committed tiling's on the same rows (K order unchanged: if the MMA's
+per-element sums do not depend on the tile's M and N, the rows stay bitwise the same).
+
+    python3 scripts/gpu/gemm_rows_sweep.py [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ddtree.kernels.fused_linear import linear_swiglu, swiglu_epilogue_config
+from ddtree.kernels.matmul import LinearConfig, linear_config, linear_with_config
+
+sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts
+from tune_linear import graph_us  # noqa: E402
+
+# (name, N, K, output dtype, SwiGLU epilogue): a SmolLM2-135M decoder layer and LM head
+SHAPES = [
+    ("qkv", 960, 576, None, False),
+    ("o", 576, 576, None, False),
+    ("gate_up+swiglu", 3072, 576, None, True),
+    ("down", 576, 1536, None, False),
+    ("lm_head", 49152, 576, torch.float32, False),
+]
+ROWS = (1, 33, 132, 264)
+
+
+def candidates(committed: LinearConfig) -> list[LinearConfig]:
+    out = [committed]
+    for block_m in (64, 128):
+        for block_n in (32, 64, 128):
+            for warps in (4, 8):
+                config = dataclasses.replace(committed, block_m=block_m, block_n=block_n,
+                                             num_warps=warps)
+                if config not in out:
+                    out.append(config)
+    return out
+
+
+def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None,
+          epilogue: bool) -> list[dict]:
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    inputs = {t: [torch.randn(t, k, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+              for t in ROWS}
+
+    def run(config: LinearConfig):  # type: ignore[no-untyped-def]
+        if epilogue:
+            return lambda x: linear_swiglu(x, weight, config)
+        return lambda x: linear_with_config(x, weight, None, out_dtype, config)
+
+    committed = (swiglu_epilogue_config(weight) if epilogue
+                 else linear_config(n, k, torch.bfloat16))
+    assert committed is not None
+    expected = {t: run(committed)(inputs[t][0]) for t in ROWS}
+    rows = []
+    for config in candidates(committed):
+        try:
+            fn = run(config)
+            times = {t: round(graph_us(fn, inputs[t]), 2) for t in ROWS}
+            same = all(torch.equal(fn(inputs[t][0]), expected[t]) for t in ROWS)
+        except Exception as exc:  # noqa: BLE001 - a tiling the compiler refuses
+            print(f"  {name} {config}: {type(exc).__name__}", flush=True)
+            continue
+        rows.append({"config": config.__dict__, "committed": config == committed,
+                     "us": times, "bitwise_as_committed": same})
+        c = config
+        print(f"{name:<15} m{c.block_m:<4} n{c.block_n:<4} w{c.num_warps} "
+              f"{'*' if config == committed else ' '} "
+              + " ".join(f"T{t}:{times[t]:7.2f}" for t in ROWS)
+              + f"  bitwise {same}", flush=True)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results = {name: sweep(name, n, k, out_dtype, epilogue)
+               for name, n, k, out_dtype, epilogue in SHAPES}
+    for name, rows in results.items():  # the summary: committed vs the best bitwise-equal
+        committed = next(r for r in rows if r["committed"])
+        line = f"{name:<15}"
+        for t in ROWS:
+            best = min((r for r in rows if r["bitwise_as_committed"]), key=lambda r: r["us"][t])
+            line += (f" | T{t} {committed['us'][t]:.1f} -> {best['us'][t]:.1f} "
+                     f"(m{best['config']['block_m']} n{best['config']['block_n']} "
+                     f"w{best['config']['num_warps']})")
+        print(line)
+    print("all candidates bitwise equal to the committed tiling:",
+          all(r["bitwise_as_committed"] for rows in results.values() for r in rows))
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
