@@ -29,8 +29,6 @@ ar step that would have produced the same token.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -115,20 +113,6 @@ BLOCK_N = 64  # logical positions per key block
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
-# Programs wanted per launch of the split kernel (~4 per SM of an H200). The grid's third
-# dimension is min(splits of max_kv_len, cdiv(this, T x Hkv)): a batch of trees (T in the
-# hundreds) gets one program per (query, KV head) that walks its splits, where a grid of
-# every split max_kv_len allows launched tens of thousands of programs that exit at once
-# (54.6 us a layer for 8 trees of 33 nodes, call 30; 8.7 us for one). DDTREE_SPLIT_PROGRAMS
-# sets it (A/B on the GPU; a huge value gives the old grid); it never changes a bit.
-SPLIT_PROGRAMS_TARGET = int(os.environ.get("DDTREE_SPLIT_PROGRAMS", "512"))
-
-
-def split_programs(num_queries: int, num_kv_heads: int, num_splits: int) -> int:
-    """The grid's split dimension: a function of the launch's shape only (static under a
-    CUDA graph), never of the values; the output does not depend on it."""
-    wanted = triton.cdiv(SPLIT_PROGRAMS_TARGET, max(num_queries * num_kv_heads, 1))
-    return max(1, min(num_splits, wanted))
 
 
 @triton.jit
@@ -195,19 +179,20 @@ def _tree_attention_split_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
-    first_split = tl.program_id(2)
-    if PREFETCH_LINES > 0:  # dependent launch: the first split's prefix K/V lines into L2
+    split = tl.program_id(2)
+    if PREFETCH_LINES > 0:  # dependent launch: this split's prefix K/V lines into L2
         _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head,
-                         first_split * SPLIT, num_prefetch, num_slots, pool_len, stride_ks,
+                         split * SPLIT, num_prefetch, num_slots, pool_len, stride_ks,
                          stride_kp, stride_kh, stride_vs, stride_vp, stride_vh, HEAD_DIM,
                          BLOCK, SPLIT, PREFETCH_LINES)
     wait_for_inputs(USE_PDL)
     prefix = tl.load(prefix_len_ptr + t).to(tl.int32)
     total = prefix + tl.load(num_tree_keys_ptr + t).to(tl.int32)
+    start = split * SPLIT
     # A query with no keys still gets its split 0 (it writes zeros, never NaN).
-    query_splits = tl.cdiv(tl.maximum(total, 1), SPLIT)
-    if first_split >= query_splits:
+    if start >= tl.maximum(total, 1):
         return
+    end = tl.minimum(start + SPLIT, total)
     tree_base = tl.load(tree_base_ptr + t).to(tl.int32)
     k_base = k_ptr + tl.load(query_slot_ptr + t).to(tl.int64) * stride_ks + kv_head * stride_kh
     v_base = v_ptr + tl.load(query_slot_ptr + t).to(tl.int64) * stride_vs + kv_head * stride_vh
@@ -215,47 +200,42 @@ def _tree_attention_split_kernel(
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + rows  # (G_pad,)
-    head_mask = rows < GROUP
     q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=head_mask[:, None], other=0.0)  # (G_pad, D)
-    # The grid holds tl.num_programs(2) programs per (query, KV head), sized from T (not
-    # from max_kv_len: mostly-empty programs cost ~1 us a wave); program s takes splits
-    # s, s + P, ... of its query. A split's arithmetic does not depend on which program
-    # runs it, so the output does not depend on P.
-    for split in range(first_split, query_splits, tl.num_programs(2)):
-        start = split * SPLIT
-        end = tl.minimum(start + SPLIT, total)
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        tail_start = start
-        if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load,
-            # so the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
-            tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
-            for block_start in range(start, tail_start, BLOCK):
-                pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
-                m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
-                                              m_i, l_i, acc, scale_log2, stride_kp,
-                                              stride_vp, HEAD_DIM, DOT_IEEE)
-        for block_start in range(tail_start, end, BLOCK):
-            pos = block_start + tl.arange(0, BLOCK)
-            tree_col = pos - prefix
-            is_tree = tree_col >= 0
-            tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
-                               mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
-            slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
-            m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
-                                          scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
-        if total <= SPLIT:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
-        else:
-            ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
-            tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
-                     mask=head_mask[:, None])
-            tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
-            tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
+                mask=(rows < GROUP)[:, None], other=0.0)  # (G_pad, D)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    tail_start = start
+    if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
+        # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
+        tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
+        for block_start in range(start, tail_start, BLOCK):
+            pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
+            m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
+                                          m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
+                                          HEAD_DIM, DOT_IEEE)
+    for block_start in range(tail_start, end, BLOCK):
+        pos = block_start + tl.arange(0, BLOCK)
+        tree_col = pos - prefix
+        is_tree = tree_col >= 0
+        tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
+                           mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
+        slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
+        m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
+                                      scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
+
+    head_mask = rows < GROUP
+    if total <= SPLIT:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    else:
+        ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
+        tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
+                 mask=head_mask[:, None])
+        tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
+        tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -313,12 +293,10 @@ def tree_attention_tiled(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
-    num_split_programs: int | None = None,
 ) -> Tensor:
     """`tree_attention` with explicit block and split sizes and loop structure (the tests
     use small sizes to cross their boundaries at short lengths). Outputs agree bitwise only
-    between launches with the same three settings. `num_split_programs` (default
-    `split_programs`) only sizes the grid: any value in [1, splits] gives the same bits."""
+    between launches with the same three settings."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -338,16 +316,13 @@ def tree_attention_tiled(
     pdl = use_pdl(q)
     # 128-byte lines per K (or V) row, for the prefix prefetch of a dependent launch
     lines = max(1, head_dim * k_cache.element_size() // 128) if pdl and prefetch_enabled() else 0
-    if num_split_programs is None:
-        num_split_programs = split_programs(num_queries, num_kv_heads, num_splits)
-    assert 1 <= num_split_programs <= num_splits, (num_split_programs, num_splits)
-    # the first key blocks of each program's first split within the L2 budget (K and V)
+    # the first key blocks of each split within the L2 budget (K and V of every query)
     num_prefetch = block_n * prefetch_blocks(
-        2 * num_queries * num_kv_heads * num_split_programs * block_n * head_dim
-        * k_cache.element_size(), split_size // block_n)
+        2 * num_queries * num_kv_heads * num_splits * block_n * head_dim * k_cache.element_size(),
+        split_size // block_n)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
-    _tree_attention_split_kernel[(num_queries, num_kv_heads, num_split_programs)](
+    _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_stat,
         query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
         scale * LOG2_E, num_tree_cols, tree_keys.stride(0),

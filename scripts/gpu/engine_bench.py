@@ -45,7 +45,6 @@ import torch
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
-from ddtree.kernels import tree_attention
 from ddtree.kernels.launch import set_pdl, set_prefetch
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
@@ -241,9 +240,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (PyTorch tree)", True, False, True, True, True, True,
                  ("linear", "tree@32", "tree@64")),
                 (" (fused)", True, True, True, False, True, True, ("ar", "tree@32")),
-                (" (cuBLAS)", False, False, True, True, True, True, ("ar", "tree@64")),
-                (" (every split)", True, False, True, True, True, True,
-                 ("ar", "tree@16", "tree@32")))
+                (" (cuBLAS)", False, False, True, True, True, True, ("ar", "tree@64")))
     wanted = set(args.speed_modes.split(",")) if args.speed_modes else None
     kinds = set(args.speed_variants.split(","))
     ar_tokens = None
@@ -254,11 +251,6 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             continue
         # graphs keep the launches they were captured with
         launches_before = set_pdl(pdl), set_prefetch(prefetch)
-        # "every split": tree attention's grid before its programs walked several splits
-        # (a program for every split max_kv_len allows, most of them exiting at once)
-        target_before = tree_attention.SPLIT_PROGRAMS_TARGET
-        if kind == "every split":
-            tree_attention.SPLIT_PROGRAMS_TARGET = 1 << 30
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue))
@@ -277,7 +269,6 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{key:>18}: {run['tok_s']:8.1f} tok/s  tau {run['tau']:.2f}  "
                   f"=ar {rows[key]['same_as_ar']}", flush=True)
         del engine
-        tree_attention.SPLIT_PROGRAMS_TARGET = target_before
         set_pdl(launches_before[0])
         set_prefetch(launches_before[1])
     rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
@@ -519,7 +510,7 @@ def main(argv: list[str]) -> int:
                         "(comma-separated, ar always; default all)")
     parser.add_argument("--speed-variants",
                         default="plain,generic ar,no epilogue,no PDL,no prefetch,PyTorch tree,"
-                        "fused,cuBLAS,every split",
+                        "fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,

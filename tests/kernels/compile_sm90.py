@@ -130,16 +130,11 @@ def sass_of(kernel: object) -> tuple[str, str]:
 
 
 def loop_float_ops(sass: str) -> list[collections.Counter]:
-    """The float-op multiset of each innermost loop (a backward branch's span holding no
-    other) in a SASS listing: the split kernel's key-block loops sit inside its loop over
-    splits."""
+    """The float-op multiset of each loop (a backward branch's span) in a SASS listing."""
     code = [(int(addr, 16), text) for addr, text in
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    spans = [(int(target, 16), addr) for addr, text in code
+    loops = [(int(target, 16), addr) for addr, text in code
              for target in re.findall(r"BRA\s+0x([0-9a-f]+)", text) if int(target, 16) < addr]
-    loops = [(low, high) for low, high in spans
-             if not any(low <= inner_low and inner_high <= high and (inner_low, inner_high)
-                        != (low, high) for inner_low, inner_high in spans)]
     return [collections.Counter(op.group(0) for addr, text in code if low <= addr <= high
                                 for op in [FLOAT_OP.search(text)] if op)
             for low, high in loops]

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from ddtree.kernels.tree_attention import (
-    split_programs,
     tree_attention,
     tree_attention_reference,
     tree_attention_tiled,
@@ -109,28 +108,6 @@ def test_production_tiles_cross_a_split(dtype: torch.dtype, head_dim: int,
     expected = tree_attention_reference(case.tree.q, case.k_cache, case.v_cache,
                                         *case.tree.fields()[1:], 0.1, torch.float64)
     assert_close_to(tree_out, expected)
-
-
-@pytest.mark.parametrize("programs", [1, 2, 3])
-def test_programs_walking_several_splits_give_the_same_bits(case: TwinCase,
-                                                            programs: int) -> None:
-    """The grid's split dimension (split_programs: sized from T) does not change a bit:
-    one program per (query, KV head) walking all its splits, or a few taking turns."""
-    mixed = concat([case.ar, case.tree])
-    length = int(mixed.lengths().max()) + 70  # splits past every query's length too
-    q = mixed.q
-    every_split = run(case, mixed, max_kv_len=length)
-    out = tree_attention_tiled(q, case.k_cache, case.v_cache, *mixed.fields()[1:],
-                               1 / math.sqrt(q.shape[-1]), length, *SMALL_TILES,
-                               num_split_programs=programs)
-    assert torch.equal(out, every_split)
-
-
-def test_split_programs_follow_the_launch_shape() -> None:
-    assert split_programs(1, 8, 16) == 16  # decode at batch 1: every split its program
-    assert split_programs(264, 3, 33) == 1  # 8 trees of 33 nodes: one program walks them
-    assert split_programs(33, 3, 33) == 6
-    assert split_programs(0, 3, 1) == 1
 
 
 def test_tree_keys_without_columns_read_the_prefix_only() -> None:
