@@ -103,7 +103,21 @@
 #   call 40 (after 0-3; written after lease 11, not yet run) where the first token's time
 #           goes through the services: scripts/profile_ttft.py (GenerateMany, Generate and
 #           HTTP through the gateway, alone and beside 7 streams), shared stream and not
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|40   (results under $OUT)
+#   call 41 (tenth session, after 0-3; ran at 45b35d0 plus a RoPE kernel of one program a
+#           row, both not kept: DDTREE_SPLIT_PROGRAMS and the "every split" variant are gone)
+#           tree attention's programs walking several splits (a grid sized from T, not
+#           max_kv_len): the kernels' GPU checks, every mode against ar, speed with the old
+#           grid beside, the round profile at batch 1 and 8
+#   call 42 (after 0-3, as 41) ar / tree@16 / tree@32 at c1 and c8 in process, tree@32
+#           also at DDTREE_SPLIT_PROGRAMS 2048 and with the old grid
+#   call 43 (warm, after 42) `ddtree serve`: ar / tree@16 / tree@32 / auto at c1 and c8,
+#           every sample against ar
+#   call 44 (nothing staged but .whl) whether the GEMM may pick BLOCK_M / BLOCK_N from the
+#           rows: scripts/gpu/gemm_rows_sweep.py at the demo shapes, T = 1 / 33 / 132 / 264
+#   call 45 (after 0-3) the GEMM's row tiles (ddtree/kernels/linear_rows.json): the kernels'
+#           GPU checks, then ar / tree@16 / tree@32 at c1 and c8 in process with them, and
+#           tree@16 / tree@32 without (DDTREE_ROW_TILES=0), every sample against ar
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|45   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -217,6 +231,74 @@ PY
 }
 
 case "${1:?call number}" in
+45)
+  [ -f $T/config.json ] || stage_target
+  mark check_kernels
+  timeout 150 python3 scripts/gpu/check_kernels.py --no-bench 2>&1 | tail -4
+  for tiles in 1 0 1; do
+    mark "bench in process, DDTREE_ROW_TILES=$tiles"
+    modes=tree; [ $tiles = 1 ] && [ ! -f "$OUT/report_rows1.json" ] && modes=ar,tree
+    DDTREE_ROW_TILES=$tiles timeout 150 python3 -m ddtree.cli bench --target $T \
+      --drafter $D --prompts humaneval --num-prompts 40 --num-requests 40 --modes $modes \
+      --budgets 16,32 --concurrency 1,8 --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_rows$tiles$( [ -f "$OUT/report_rows$tiles.json" ] && echo b).json" \
+      2>&1 | grep "humaneval"
+  done
+  for report in "$OUT"/report_rows*.json; do
+    echo "$(basename $report): $(python3 scripts/gpu/ar_mismatches.py $report | tail -1 | cut -c1-200)"
+  done
+  (cd "$OUT" && tar -czf raw.tar.gz report*.json && rm -f report*.json)
+  mark done
+  ;;
+44)
+  mark gemm_rows_sweep
+  timeout 400 python3 scripts/gpu/gemm_rows_sweep.py --json-out "$OUT/gemm_rows_sweep.json" \
+    2>&1 | grep -v Warn
+  mark done
+  ;;
+41)
+  [ -f $T/config.json ] || stage_target
+  mark check_kernels
+  timeout 150 python3 scripts/gpu/check_kernels.py --no-bench 2>&1 | tail -4
+  mark engine_bench exact, speed, profile
+  timeout 330 python3 scripts/gpu/engine_bench.py --stages exact,speed,profile \
+    --speed-modes ar,tree@16,tree@32 --speed-variants "plain,every split" --target $T \
+    --humaneval $H 2>&1 | grep -v Warn | grep -v " c[18]: =6/6" \
+    | grep -v "^ *Loading\|warnings.warn" | tail -22
+  (cd "$OUT" && tar -czf raw.tar.gz engine_*.json profile_kernels.txt && rm -f engine_*.json)
+  mark done
+  ;;
+42)
+  [ -f $T/config.json ] || stage_target
+  mark check_kernels
+  timeout 150 python3 scripts/gpu/check_kernels.py --no-bench 2>&1 | tail -4
+  for grid in 512 2048 1073741824; do
+    mark "bench in process, DDTREE_SPLIT_PROGRAMS=$grid"
+    modes=ar,tree; budgets=16,32; [ $grid = 512 ] || { modes=tree; budgets=32; }
+    DDTREE_SPLIT_PROGRAMS=$grid timeout 150 python3 -m ddtree.cli bench --target $T \
+      --drafter $D --prompts humaneval --num-prompts 40 --num-requests 40 --modes $modes \
+      --budgets $budgets --concurrency 1,8 --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_inprocess_$grid.json" 2>&1 | tail -6
+  done
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess_512.json" | cut -c1-600 | tail -2
+  (cd "$OUT" && tar -czf raw.tar.gz report*.json && rm -f report*.json)
+  mark done
+  ;;
+43)
+  [ -f $T/config.json ] || stage_target
+  mark serve
+  start_serve || exit 3
+  mark healthy
+  timeout 400 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 16,32 \
+    --concurrency 1,8 --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 \
+    | tail -10
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
+  kill $S; wait $S 2>/dev/null
+  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
+  (cd "$OUT" && tar -czf raw.tar.gz report*.json serve.log && rm -f report*.json serve.log)
+  mark done
+  ;;
 40)
   [ -f $T/config.json ] || stage_target
   for shared in "" --no-shared-stream; do
