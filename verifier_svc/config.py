@@ -15,6 +15,9 @@ from ddtree.service import GrpcSecurity, add_security_flags, parse_service_confi
 class VerifierServiceConfig:
     target: str  # target checkpoint dir
     drafter_addr: str = ""  # HOST:PORT of drafter_svc; "" = no drafter (ar only)
+    # A drafter checkpoint run inside this process, on the target's device (one GPU, no
+    # drafter service and no hop); excludes drafter_addr. "" = none.
+    local_drafter: str = ""
     host: str = "127.0.0.1"
     port: int = 50051  # 0 = any free port
     device: str = "auto"
@@ -55,8 +58,14 @@ class VerifierServiceConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.mode != "ar" and not self.drafter_addr:
-            raise ValueError(f"mode {self.mode!r} needs --drafter-addr (or use --mode ar)")
+        if self.local_drafter and self.drafter_addr:
+            raise ValueError("--local-drafter and --drafter-addr exclude each other: the "
+                             "drafter runs either in this process or behind its service")
+        if self.local_drafter and self.tensor_parallel_size > 1:
+            raise ValueError("--local-drafter runs with --tensor-parallel-size 1 only")
+        if self.mode != "ar" and not (self.drafter_addr or self.local_drafter):
+            raise ValueError(f"mode {self.mode!r} needs --drafter-addr or --local-drafter "
+                             "(or use --mode ar)")
         if not 1 <= self.max_budget <= MAX_BUDGET:
             raise ValueError(f"max_budget must be in [1, {MAX_BUDGET}], got {self.max_budget}")
         if not 1 <= self.budget <= self.max_budget:  # whatever the default mode: a request
@@ -109,6 +118,9 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     target = env.get("DDTREE_TARGET")
     parser.add_argument("--target", default=target, required=not target)
     parser.add_argument("--drafter-addr", default=get("DRAFTER_ADDR", ""))
+    parser.add_argument("--local-drafter", default=get("LOCAL_DRAFTER", ""),
+                        help="a drafter checkpoint run inside this process on the target's "
+                             "device (no drafter service, no hop); excludes --drafter-addr")
     parser.add_argument("--host", default=get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(get("PORT", "50051")))
     parser.add_argument("--device", default=get("DEVICE", "auto"))

@@ -10,8 +10,10 @@ grpcurl examples use), and everything binds loopback unless --host says otherwis
 gateway. `--gateway-workers N` runs N gateway processes on that port (SO_REUSEPORT: the
 kernel spreads connections over them; one per core near saturation, as vLLM's API server
 count). `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
-kills the drafter through it). Secrets reach the children through their environment
-(DDTREE_API_KEY, DDTREE_GRPC_TOKEN), never their command lines.
+kills the drafter through it). `--colocate-drafter` runs the drafter inside the verifier
+process instead (two processes, one device, no gRPC hop per round). Secrets reach the
+children through their environment (DDTREE_API_KEY, DDTREE_GRPC_TOKEN), never their
+command lines.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="generations holding a KV row at once (more wait in a queue)")
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                         help="batch-invariant GEMMs: every mode serves the ar tokens in bf16")
+    parser.add_argument("--colocate-drafter", action="store_true",
+                        help="run the drafter inside the verifier process, on its device (two "
+                             "processes: no drafter service and no gRPC hop per round)")
     parser.add_argument("--drafter-gpu", type=int, default=None,
                         help="put the drafter on GPU I (cuda:I; default: --device)")
     parser.add_argument("--verifier-gpu", type=int, default=None,
@@ -72,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def service_commands(args: argparse.Namespace, target: str, drafter: str | None
                      ) -> list[tuple[str, list[str]]]:
-    """(name, argv) of each child in start order; no drafter in ar mode."""
+    """(name, argv) of each child in start order; no drafter in ar mode, none as a service
+    with --colocate-drafter (the verifier runs it)."""
     python = sys.executable
 
     def placed(gpu: int | None) -> list[str]:
@@ -80,7 +86,8 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
         return ["--target", target, "--device", device, "--dtype", args.dtype]
 
     commands = []
-    if drafter is not None:
+    colocated = drafter is not None and args.colocate_drafter
+    if drafter is not None and not colocated:
         commands.append(("drafter", [
             python, "-m", "drafter_svc", "--drafter", drafter, *placed(args.drafter_gpu),
             "--host", LOOPBACK, "--port", str(args.drafter_port),
@@ -98,7 +105,9 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
         verifier += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args.verifier_gpus:
         verifier += ["--verifier-gpus", args.verifier_gpus]
-    if drafter is not None:
+    if colocated:
+        verifier += ["--local-drafter", str(drafter)]
+    elif drafter is not None:
         verifier += ["--drafter-addr", f"{LOOPBACK}:{args.drafter_port}"]
     commands.append(("verifier", verifier))
     gateway = [python, "-m", "gateway", "--verifier-addr", f"{LOOPBACK}:{args.verifier_port}",
@@ -147,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gateway_workers < 1:
         raise DDTreeError(f"--gateway-workers must be >= 1, got {args.gateway_workers}")
+    if args.colocate_drafter and (args.drafter_gpu is not None
+                                  or args.tensor_parallel_size != 1):
+        raise DDTreeError("--colocate-drafter runs the drafter on the verifier's device: "
+                          "it excludes --drafter-gpu and --tensor-parallel-size > 1")
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
     check_dirs(target, drafter)
     gateway_url = f"http://{LOOPBACK if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"

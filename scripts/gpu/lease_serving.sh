@@ -117,7 +117,11 @@
 #   call 45 (after 0-3) the GEMM's row tiles (ddtree/kernels/linear_rows.json): the kernels'
 #           GPU checks, then ar / tree@16 / tree@32 at c1 and c8 in process with them, and
 #           tree@16 / tree@32 without (DDTREE_ROW_TILES=0), every sample against ar
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|45   (results under $OUT)
+#   call 46 (after 0-3; written in the tenth session, not yet run) `ddtree serve
+#           --colocate-drafter` (the drafter inside the verifier: two processes, no hop)
+#           against the three-process default: ar / tree@16 / auto at c1 and c8
+#           through each, every sample against ar, the start-up time of each
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|46   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -154,7 +158,8 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
 
 start_serve() {  # [tag]: `ddtree serve` in the background (its pid in S), once healthy
   python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-1}" >"$OUT/serve${1:-}.log" 2>&1 &
+    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-1}" ${SERVE_ARGS:-} \
+    >"$OUT/serve${1:-}.log" 2>&1 &
   S=$!
   wait_healthy $S "$OUT/serve${1:-}.log"
 }
@@ -231,6 +236,23 @@ PY
 }
 
 case "${1:?call number}" in
+46)
+  [ -f $T/config.json ] || stage_target
+  for placement in colocated services; do
+    mark "serve ($placement)"
+    SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
+      || exit 3
+    mark "healthy ($placement)"
+    timeout 170 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 16 \
+      --concurrency 1,8 --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
+    python3 scripts/gpu/ar_mismatches.py "$OUT/report_$placement.json" | tail -1 | cut -c1-300
+    kill $S; wait $S 2>/dev/null
+  done
+  (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
+  mark done
+  ;;
 45)
   [ -f $T/config.json ] || stage_target
   mark check_kernels

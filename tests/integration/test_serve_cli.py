@@ -212,3 +212,29 @@ def test_gateway_workers_share_the_port_and_one_dying_loses_no_request(
         if serve.process.poll() is None:
             serve.process.kill()
             serve.process.wait(timeout=60)
+
+
+def test_a_colocated_drafter_serves_from_the_verifier_process(
+        tiny_pair: Path, tmp_path: Path) -> None:
+    """`--colocate-drafter`: two processes (the verifier runs the drafter); a tree request
+    drafts and serves ar's tokens at T = 0; SIGTERM stops both."""
+    serve = Serve(tiny_pair, tmp_path / "pids", "--colocate-drafter")
+    try:
+        serve.wait_for("OpenAI API at")
+        assert set(serve.children) == {"verifier", "gateway"}
+        bodies = {}
+        for mode in ("ar", "tree"):
+            status, bodies[mode] = http(f"{serve.url}/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 12,
+                "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+                "ddtree": {"mode": mode, "budget": 8}})
+            assert status == 200, bodies[mode]
+        tokens = {mode: body["choices"][0]["token_ids"] for mode, body in bodies.items()}
+        assert tokens["tree"] == tokens["ar"] and len(tokens["ar"]) == 12
+        assert bodies["tree"]["ddtree_stats"]["num_drafted_nodes"] > 0
+        assert serve.stop(signal.SIGTERM) == 0
+        assert serve.error_lines() == []
+    finally:
+        if serve.process.poll() is None:
+            serve.process.kill()
+            serve.process.wait(timeout=60)

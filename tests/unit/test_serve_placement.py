@@ -37,3 +37,13 @@ def test_tensor_parallel_flags_reach_the_verifier() -> None:
     verifier = dict(service_commands(args, "t", "d"))["verifier"]
     assert verifier[verifier.index("--tensor-parallel-size") + 1] == "2"
     assert verifier[verifier.index("--verifier-gpus") + 1] == "2,3"
+
+
+def test_a_colocated_drafter_runs_in_the_verifier() -> None:
+    args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d",
+                                      "--colocate-drafter"])
+    commands = dict(service_commands(args, "t", "d"))
+    assert list(commands) == ["verifier", "gateway"]  # no drafter service
+    verifier = commands["verifier"]
+    assert verifier[verifier.index("--local-drafter") + 1] == "d"
+    assert "--drafter-addr" not in verifier
