@@ -26,6 +26,7 @@ from tests.integration.conftest import (
     greedy_tokens,
     make_prompt,
 )
+from tests.integration.test_grpc_services import open_session, verify
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.server import build_local_engine, warm_up_tree_sizes
 from verifier_svc.server import build_server as build_verifier
@@ -78,6 +79,25 @@ def test_generations_side_by_side_equal_their_single_runs(
             zip(prompts, specs, strict=True)))
     for prompt, result in zip(prompts, results, strict=True):
         assert result.tokens == greedy_tokens(fp32_target, prompt, MAX_TOKENS)
+
+
+def test_client_trees_still_verify_beside_the_local_drafter(
+        local_verifier: Verifier, fp32_target: TargetModel) -> None:
+    """The Verify API (a client's own trees) on the same engine: a branching tree accepts
+    the right branch while a generation drafts locally."""
+    prompt = make_prompt(fp32_target, 5, seed=21)
+    greedy = greedy_tokens(fp32_target, prompt, 8)
+    with ThreadPoolExecutor(1) as pool:
+        drafting = pool.submit(generate_over_grpc, local_verifier.stub,
+                               make_prompt(fp32_target, 9, seed=22), MAX_TOKENS, SPECS["tree@8"])
+        opened = open_session(local_verifier, prompt)
+        assert opened.bonus_token == greedy[0]
+        wrong = [(t + 1) % fp32_target.config.vocab_size for t in greedy]
+        tokens = [greedy[0], wrong[1], greedy[1], wrong[2], greedy[2], greedy[3]]
+        reply = verify(local_verifier, opened.session_id, tokens, [-1, 0, 0, 2, 2, 4])
+        assert list(reply.accepted_path) == [0, 2, 4, 5]
+        assert list(reply.committed_tokens) == greedy[:4] and reply.bonus_token == greedy[4]
+        assert drafting.result().finish_reason == "length"
 
 
 def test_model_info_reports_the_drafter(local_verifier: Verifier, tiny_pair: Path) -> None:
