@@ -17,6 +17,7 @@ import torch
 from grpc_health.v1.health import HealthServicer
 
 from ddtree.engine import Engine, GenerationRequest, SpecParams
+from ddtree.engine.core import EngineCounters
 from ddtree.engine.generate import build_engine as build_local
 from ddtree.engine.sessions import ClientSessions
 from ddtree.models.drafter import load_drafter
@@ -121,6 +122,8 @@ def build_local_engine(config: VerifierServiceConfig, target: TargetModel) -> En
     if engine.graphs.enabled:
         started = time.perf_counter()
         sizes = warm_up_tree_sizes(engine)
+        # the metrics count served traffic only
+        engine.counters = EngineCounters(batch_sizes=[0] * (engine.plan.num_slots + 1))
         log.info("local_drafter_warmed_up", tree_sizes=sizes,
                  seconds=round(time.perf_counter() - started, 1))
     return engine

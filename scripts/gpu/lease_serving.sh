@@ -121,7 +121,11 @@
 #           --colocate-drafter` (the drafter inside the verifier: two processes, no hop)
 #           against the three-process default: ar / tree@16 / auto at c1 and c8
 #           through each, every sample against ar, the start-up time of each
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|46   (results under $OUT)
+#   call 47 (after 0-3 or warm; not yet run) where a round of 8 trees spends its time, with
+#           true kernel durations: the round profile without dependent launches
+#           (DDTREE_PDL=0: under PDL a kernel's trace duration includes its wait for the
+#           previous one), kernel table per (mode, batch) in $OUT/profile_kernels.txt
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|47   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -236,6 +240,13 @@ PY
 }
 
 case "${1:?call number}" in
+47)
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench profile, DDTREE_PDL=0"
+  DDTREE_PDL=0 timeout 300 python3 scripts/gpu/engine_bench.py --stages profile --target $T \
+    --humaneval $H 2>&1 | grep "^profile"
+  mark done
+  ;;
 46)
   [ -f $T/config.json ] || stage_target
   for placement in colocated services; do
