@@ -357,7 +357,7 @@ def stage_profile(args: argparse.Namespace) -> dict[str, Any]:
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=2048))
     rows: dict[str, Any] = {}
     tables = []
-    for name in ("ar", "tree@16", "tree@32"):
+    for name in args.profile_modes.split(","):
         for batch in (1, 8):
             run_batch(engine, prompts[:batch], SPECS[name], 32)  # warm-up + capture
             run = run_batch(engine, prompts[:batch], SPECS[name], 128)
@@ -372,8 +372,9 @@ def stage_profile(args: argparse.Namespace) -> dict[str, Any]:
                 run_batch(engine, prompts[:batch], SPECS[name], 32)
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
             tables.append(f"== {name} batch {batch} (32 tokens per row)\n{table}")
-    (OUT / "profile_kernels.txt").write_text("\n".join(tables))
-    rows.update(prefill_times(target, drafter, prompts))
+            (OUT / "profile_kernels.txt").write_text("\n".join(tables))  # as it goes
+    if args.prefill_profile:
+        rows.update(prefill_times(target, drafter, prompts))
     return rows
 
 
@@ -518,6 +519,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--linear-table", type=Path, default=None,
                         help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
                              "to run with instead of the committed one (A/B of tilings)")
+    parser.add_argument("--profile-modes", default="ar,tree@16,tree@32",
+                        help="profile stage: the modes profiled at batch 1 and 8")
+    parser.add_argument("--prefill-profile", action=argparse.BooleanOptionalAction,
+                        default=True, help="profile stage: the first token's time too")
     parser.add_argument("--load-tokens", type=int, default=128)
     parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)

@@ -244,7 +244,8 @@ case "${1:?call number}" in
   [ -f $T/config.json ] || stage_target
   mark "engine_bench profile, DDTREE_PDL=0"
   DDTREE_PDL=0 timeout 300 python3 scripts/gpu/engine_bench.py --stages profile --target $T \
-    --humaneval $H 2>&1 | grep "^profile"
+    --humaneval $H --profile-modes "${PROFILE_MODES:-ar,tree@16,tree@32}" \
+    ${PREFILL_PROFILE:---prefill-profile} 2>&1 | grep "^profile"
   mark done
   ;;
 46)
