@@ -17,4 +17,4 @@ serve: $(VENV)/.installed
 	$(VENV)/bin/ddtree serve
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
