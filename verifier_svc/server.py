@@ -16,14 +16,12 @@ import structlog
 import torch
 from grpc_health.v1.health import HealthServicer
 
-from ddtree.engine import Engine, GenerationRequest, SpecParams
-from ddtree.engine.core import EngineCounters
+from ddtree.engine import Engine
 from ddtree.engine.generate import build_engine as build_local
 from ddtree.engine.sessions import ClientSessions
 from ddtree.models.drafter import load_drafter
 from ddtree.models.target import TargetModel, load_target
 from ddtree.runtime import resolve_device, resolve_dtype
-from ddtree.sampling import SamplingParams
 from ddtree.service import (
     SERVER_OPTIONS,
     add_health_and_reflection,
@@ -113,36 +111,18 @@ def build_engine(config: VerifierServiceConfig, target: TargetModel,
 def build_local_engine(config: VerifierServiceConfig, target: TargetModel) -> Engine:
     """The engine with the drafter on the target's device (what `ddtree generate` and the
     in-process bench run: each round's drafting captured in the round's graphs). On a GPU
-    one round of every tree size runs before serving, so no request waits for a size's
-    first compile and capture (the drafter service warms up the same way)."""
+    every tree size is compiled and captured before serving (`Engine.warm_up`; the
+    drafter service warms up the same way)."""
     weight = target.embeddings.embed_tokens.weight
     drafter = load_drafter(Path(config.local_drafter), target.config, weight.device,
                            weight.dtype).eval()
     engine = build_local(target, drafter, config.engine_config())
     if engine.graphs.enabled:
         started = time.perf_counter()
-        sizes = warm_up_tree_sizes(engine)
-        # the metrics count served traffic only
-        engine.counters = EngineCounters(batch_sizes=[0] * (engine.plan.num_slots + 1))
-        log.info("local_drafter_warmed_up", tree_sizes=sizes,
+        sizes = engine.warm_up()
+        log.info("local_drafter_warmed_up", tree_sizes=list(sizes),
                  seconds=round(time.perf_counter() - started, 1))
     return engine
-
-
-def warm_up_tree_sizes(engine: Engine) -> list[int]:
-    """One short greedy generation per tree size `auto` may choose (the chain, the trees)
-    and one in ar, alone: each size's kernels compiled and its round's graphs captured at
-    batch 1. Returns the sizes."""
-    sizes = list(engine.policy.choices) if engine.policy is not None else []
-    prompt = [0] * 4
-    specs = [SpecParams(mode="ar")] + [SpecParams(mode="tree", budget=size) for size in sizes]
-    for spec in specs:
-        engine.add_request(f"warm-up-{spec.mode}-{spec.budget}", GenerationRequest(
-            prompt_ids=prompt, max_tokens=2, spec=spec, sampling=SamplingParams(temperature=0.0),
-            ignore_eos=True))
-        while engine.has_work:
-            engine.step()
-    return sizes
 
 
 def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
@@ -159,9 +139,7 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     sessions = ClientSessions(engine, config.max_budget)
     scheduler = Scheduler(engine, sessions, config.session_idle_timeout_s)
     servicer = VerifierServicer(
-        config, scheduler, sessions, model_info(config, target, engine.max_model_len), drafter,
-        local_block_size=engine.drafting.block_size if config.local_drafter and
-        engine.drafting is not None else 0,
+        config, scheduler, sessions, model_info(config, target, engine.max_model_len), drafter
     )
     # Each Generate (or GenerateMany) stream holds a thread for its whole life; leave room
     # for unary calls.

@@ -35,13 +35,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         sessions: ClientSessions,
         model_info: verifier_pb2.ModelInfo,
         drafter: DrafterClient | None,
-        local_block_size: int = 0,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
         self.sessions = sessions
         self.drafter = drafter
-        self.local_block_size = local_block_size  # a drafter in this process (0: none)
         self.model_info = model_info  # static part; drafter fields are filled per call
 
     @streaming
@@ -131,8 +129,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         info = verifier_pb2.ModelInfo()
         info.CopyFrom(self.model_info)
         drafter = self.drafter.info if self.drafter is not None else None
-        info.drafter_connected = drafter is not None or self.local_block_size > 0
-        info.block_size = drafter.block_size if drafter is not None else self.local_block_size
+        local = self.scheduler.engine.drafting if self.config.local_drafter else None
+        info.drafter_connected = drafter is not None or local is not None
+        info.block_size = (drafter.block_size if drafter is not None
+                           else local.block_size if local is not None else 0)
         return info
 
     @unary

@@ -434,9 +434,7 @@ class Engine:
         local = isinstance(self.drafting, LocalDrafter)
         for choice in (0, *policy.choices) if local else (0,):
             key = BucketKey(batch, self.plan.node_bucket(choice))
-            buffers = self._buffers_for(key)
-            buffers.rows.fill_(self.state.scratch)
-            buffers.last_slots = []  # the next real round sends its rows again
+            buffers = self._scratch_buffers(key)
             self._scratch_round(key, buffers, context)  # captures (once) and warms up
             _sync(self.device)
             started = time.perf_counter()
@@ -444,6 +442,32 @@ class Engine:
                 self._scratch_round(key, buffers, context)
             _sync(self.device)
             policy.measure(batch, choice, (time.perf_counter() - started) / POLICY_REPEATS)
+
+    @torch.inference_mode()
+    def warm_up(self) -> tuple[int, ...]:
+        """One scratch round of ar and of every policy choice at batch bucket 1, before any
+        request: each tree size's kernels compiled and its round's graphs captured, so on a
+        fresh host (~10 s of compiles a tree size on the H200) no request pays them.
+        Nothing is measured or counted (the policy still times each batch bucket on its
+        first traffic, with the rows' real context). Local drafting only (a remote drafter
+        warms up in its own service). -> the tree sizes warmed up."""
+        local = isinstance(self.drafting, LocalDrafter) and self.policy is not None
+        choices = self.policy.choices if local and self.policy is not None else ()
+        batch = self.plan.batch_bucket(1)
+        for choice in (0, *choices):
+            key = BucketKey(batch, self.plan.node_bucket(choice))
+            self._scratch_round(key, self._scratch_buffers(key), self.drafting.block_size
+                                if self.drafting is not None else 1)
+        _sync(self.device)
+        return choices
+
+    def _scratch_buffers(self, key: BucketKey) -> RoundBuffers:
+        """`key`'s buffers with every row the scratch row (the next real round sends its
+        rows again)."""
+        buffers = self._buffers_for(key)
+        buffers.rows.fill_(self.state.scratch)
+        buffers.last_slots = []
+        return buffers
 
     def _scratch_round(self, key: BucketKey, buffers: RoundBuffers, context: int) -> None:
         """One round of `key` on scratch rows at committed length `context` (the verify

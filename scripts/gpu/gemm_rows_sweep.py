@@ -14,14 +14,15 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from ddtree.kernels.fused_linear import linear_swiglu, swiglu_epilogue_config
-from ddtree.kernels.matmul import LinearConfig, linear_config, linear_with_config
+from ddtree.kernels.matmul import LinearConfig
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts
+from gemm_sweep import committed_config, gemm  # noqa: E402
 from tune_linear import graph_us  # noqa: E402
 
 # (name, N, K, output dtype, SwiGLU epilogue): a SmolLM2-135M decoder layer and LM head
@@ -53,14 +54,10 @@ def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None,
     inputs = {t: [torch.randn(t, k, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
               for t in ROWS}
 
-    def run(config: LinearConfig):  # type: ignore[no-untyped-def]
-        if epilogue:
-            return lambda x: linear_swiglu(x, weight, config)
-        return lambda x: linear_with_config(x, weight, None, out_dtype, config)
+    def run(config: LinearConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+        return gemm(weight, out_dtype, epilogue, config)
 
-    committed = (swiglu_epilogue_config(weight) if epilogue
-                 else linear_config(n, k, torch.bfloat16))
-    assert committed is not None
+    committed = committed_config(weight, epilogue)
     expected = {t: run(committed)(inputs[t][0]) for t in ROWS}
     rows = []
     for config in candidates(committed):

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from itertools import product
 from pathlib import Path
 
@@ -35,6 +36,23 @@ SHAPES = [
     ("down", 4096, 12288, None, False),
     ("lm_head", 151936, 4096, torch.float32, False),
 ]
+def gemm(weight: torch.Tensor, out_dtype: torch.dtype | None, epilogue: bool,
+         config: LinearConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> the invariant GEMM of `weight` with `config` (with the SwiGLU epilogue: the
+    (T, N/2) silu(gate) * up of a [gate | up] weight)."""
+    if epilogue:
+        return lambda x: linear_swiglu(x, weight, config)
+    return lambda x: linear_with_config(x, weight, None, out_dtype, config)
+
+
+def committed_config(weight: torch.Tensor, epilogue: bool) -> LinearConfig:
+    """The tiling the engine uses for `weight` (its K order; no row tiles)."""
+    config = (swiglu_epilogue_config(weight) if epilogue
+              else linear_config(*weight.shape, weight.dtype))
+    assert config is not None, "this weight's tiling splits K: no SwiGLU epilogue"
+    return config
+
+
 def candidates(committed: LinearConfig, in_features: int, epilogue: bool) -> list[LinearConfig]:
     """The committed tiling first, then split-K x BLOCK_N x BLOCK_K at 4 stages, then
     other stage counts (the time budget cuts the list)."""
@@ -60,14 +78,10 @@ def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None, epilogue: bo
     inputs = {t: [torch.randn(t, k, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
               for t in (1, 64)}
 
-    def run(config: LinearConfig):  # type: ignore[no-untyped-def]
-        if epilogue:
-            return lambda x: linear_swiglu(x, weight, config)
-        return lambda x: linear_with_config(x, weight, None, out_dtype, config)
+    def run(config: LinearConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+        return gemm(weight, out_dtype, epilogue, config)
 
-    committed = (swiglu_epilogue_config(weight) if epilogue
-                 else linear_config(n, k, torch.bfloat16))
-    assert committed is not None
+    committed = committed_config(weight, epilogue)
     rows = []
     started = time.perf_counter()
     for config in candidates(committed, k, epilogue):

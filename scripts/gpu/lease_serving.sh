@@ -187,15 +187,24 @@ curves_and_serving() {  # load curves, continuous load in process and through `d
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
 }
 
+bench_inprocess() {  # modes budgets report.json: 40 HumanEval requests x 256 tokens in
+  # process at c1 and c8 (continuous load), its table rows
+  timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 40 --num-requests 40 --modes "$1" --budgets "$2" --concurrency 1,8 \
+    --max-tokens 256 --no-progress --json-out "$3" 2>&1 | grep humaneval
+}
+
 serve_against_ar() {  # `ddtree serve` (its time to healthy, the drafter's warm-up), ar /
-  # tree@32 / auto at c1 and c8 through it, each sample compared with ar's, drafter losses
+  # tree@BUDGETS (default 32) / auto at c1 and c8 through it, each sample compared with
+  # ar's, drafter losses
   mark serve
   start_serve || return 3
   mark healthy
   grep -o '"node_buckets.*seconds": [0-9.]*' "$OUT/serve.log"
-  timeout 300 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 32 --concurrency 1,8 \
-    --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 | tail -8
+  timeout "${SERVE_BENCH_TIMEOUT:-300}" python3 -m ddtree.cli bench --url \
+    http://127.0.0.1:8000 --prompts humaneval --num-prompts 40 --num-requests 40 \
+    --modes ar,tree,auto --budgets "${BUDGETS:-32}" --concurrency 1,8 --max-tokens 256 \
+    --no-progress --json-out "$OUT/report.json" 2>&1 | tail -10
   python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
   kill $S; wait $S 2>/dev/null
   echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
@@ -272,11 +281,8 @@ case "${1:?call number}" in
   for tiles in 1 0 1; do
     mark "bench in process, DDTREE_ROW_TILES=$tiles"
     modes=tree; [ $tiles = 1 ] && [ ! -f "$OUT/report_rows1.json" ] && modes=ar,tree
-    DDTREE_ROW_TILES=$tiles timeout 150 python3 -m ddtree.cli bench --target $T \
-      --drafter $D --prompts humaneval --num-prompts 40 --num-requests 40 --modes $modes \
-      --budgets 16,32 --concurrency 1,8 --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_rows$tiles$( [ -f "$OUT/report_rows$tiles.json" ] && echo b).json" \
-      2>&1 | grep "humaneval"
+    DDTREE_ROW_TILES=$tiles bench_inprocess $modes 16,32 \
+      "$OUT/report_rows$tiles$( [ -f "$OUT/report_rows$tiles.json" ] && echo b).json"
   done
   for report in "$OUT"/report_rows*.json; do
     echo "$(basename $report): $(python3 scripts/gpu/ar_mismatches.py $report | tail -1 | cut -c1-200)"
@@ -309,10 +315,8 @@ case "${1:?call number}" in
   for grid in 512 2048 1073741824; do
     mark "bench in process, DDTREE_SPLIT_PROGRAMS=$grid"
     modes=ar,tree; budgets=16,32; [ $grid = 512 ] || { modes=tree; budgets=32; }
-    DDTREE_SPLIT_PROGRAMS=$grid timeout 150 python3 -m ddtree.cli bench --target $T \
-      --drafter $D --prompts humaneval --num-prompts 40 --num-requests 40 --modes $modes \
-      --budgets $budgets --concurrency 1,8 --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_inprocess_$grid.json" 2>&1 | tail -6
+    DDTREE_SPLIT_PROGRAMS=$grid bench_inprocess $modes $budgets \
+      "$OUT/report_inprocess_$grid.json"
   done
   python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess_512.json" | cut -c1-600 | tail -2
   (cd "$OUT" && tar -czf raw.tar.gz report*.json && rm -f report*.json)
@@ -320,17 +324,8 @@ case "${1:?call number}" in
   ;;
 43)
   [ -f $T/config.json ] || stage_target
-  mark serve
-  start_serve || exit 3
-  mark healthy
-  timeout 400 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-    --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 16,32 \
-    --concurrency 1,8 --max-tokens 256 --no-progress --json-out "$OUT/report.json" 2>&1 \
-    | tail -10
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report.json" | cut -c1-600 | tail -4
-  kill $S; wait $S 2>/dev/null
-  echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
-  (cd "$OUT" && tar -czf raw.tar.gz report*.json serve.log && rm -f report*.json serve.log)
+  BUDGETS=16,32 SERVE_BENCH_TIMEOUT=400 serve_against_ar || exit 3
+  (cd "$OUT" && tar -czf raw.tar.gz report.json serve.log && rm -f report.json serve.log)
   mark done
   ;;
 40)

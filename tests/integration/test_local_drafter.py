@@ -1,7 +1,7 @@
 """The verifier with its drafter in the same process (`--local-drafter`, what `ddtree serve
 --colocate-drafter` runs): over real gRPC every drafting mode serves the target's greedy
 tokens in float32, alone and side by side, the rounds really draft, and GetModelInfo
-reports the drafter; the start-up warm-up leaves the engine idle and exact."""
+reports the drafter; the start-up warm-up counts nothing and leaves the engine exact."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_grpc_services import open_session, verify
 from verifier_svc.config import VerifierServiceConfig
-from verifier_svc.server import build_local_engine, warm_up_tree_sizes
+from verifier_svc.server import build_local_engine
 from verifier_svc.server import build_server as build_verifier
 
 MAX_TOKENS = 24
@@ -105,13 +105,14 @@ def test_model_info_reports_the_drafter(local_verifier: Verifier, tiny_pair: Pat
     assert info.drafter_connected and info.block_size > 1
 
 
-def test_the_warm_up_leaves_the_engine_idle_and_exact(
+def test_the_warm_up_counts_nothing_and_leaves_the_engine_exact(
         tiny_pair: Path, fp32_target: TargetModel) -> None:
     target = load_target(tiny_pair / "target", "cpu", torch.float32).eval()  # its own
     engine = build_local_engine(local_config(tiny_pair), target)  # CPU: no graphs, no warm-up
-    sizes = warm_up_tree_sizes(engine)
-    assert engine.policy is not None and sizes == list(engine.policy.choices)
-    assert not engine.has_work and engine.counters.num_rounds >= len(sizes) + 1
+    sizes = engine.warm_up()
+    assert engine.policy is not None and sizes == engine.policy.choices and sizes
+    assert not engine.has_work and engine.counters.num_rounds == 0
+    assert engine.policy_measurements == 0  # the policy times real traffic later
     prompt = make_prompt(fp32_target, 10, seed=7)
     request = GenerationRequest(prompt_ids=prompt, max_tokens=MAX_TOKENS, ignore_eos=True,
                                 spec=SpecParams(mode="tree", budget=16))
