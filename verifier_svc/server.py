@@ -95,32 +95,27 @@ def build_engine(config: VerifierServiceConfig, target: TargetModel,
                  drafter: DrafterClient | None) -> Engine:
     """The engine over the target; drafting in this process with --local-drafter, over the
     wire when a fitting drafter answered at start-up (otherwise every generation runs in
-    ar)."""
+    ar). On a GPU every shape traffic takes is compiled and captured before serving
+    (`Engine.warm_up`; the drafter service warms its half up the same way)."""
     if config.local_drafter:
-        return build_local_engine(config, target)
-    remote = None
-    info = drafter.info if drafter is not None else None
-    if drafter is not None and info is not None:
-        remote = RemoteDrafter(drafter, info, config.draft_timeout_s,
-                               config.draft_new_shape_timeout_s)
-    elif drafter is not None:
-        log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
-    return Engine(target, remote, config.engine_config())
-
-
-def build_local_engine(config: VerifierServiceConfig, target: TargetModel) -> Engine:
-    """The engine with the drafter on the target's device (what `ddtree generate` and the
-    in-process bench run: each round's drafting captured in the round's graphs). On a GPU
-    every tree size is compiled and captured before serving (`Engine.warm_up`; the
-    drafter service warms up the same way)."""
-    weight = target.embeddings.embed_tokens.weight
-    drafter = load_drafter(Path(config.local_drafter), target.config, weight.device,
-                           weight.dtype).eval()
-    engine = build_local(target, drafter, config.engine_config())
+        weight = target.embeddings.embed_tokens.weight
+        local = load_drafter(Path(config.local_drafter), target.config, weight.device,
+                             weight.dtype).eval()
+        engine = build_local(target, local, config.engine_config())
+    else:
+        remote = None
+        info = drafter.info if drafter is not None else None
+        if drafter is not None and info is not None:
+            remote = RemoteDrafter(drafter, info, config.draft_timeout_s,
+                                   config.draft_new_shape_timeout_s)
+        elif drafter is not None:
+            log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
+        engine = Engine(target, remote, config.engine_config())
     if engine.graphs.enabled:
         started = time.perf_counter()
-        sizes = engine.warm_up()
-        log.info("local_drafter_warmed_up", tree_sizes=list(sizes),
+        num_shapes = engine.warm_up()
+        log.info("engine_warmed_up", shapes=num_shapes, graphs=engine.graphs.num_graphs,
+                 batch_buckets=list(engine.plan.batch_buckets),
                  seconds=round(time.perf_counter() - started, 1))
     return engine
 

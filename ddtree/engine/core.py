@@ -444,22 +444,32 @@ class Engine:
             policy.measure(batch, choice, (time.perf_counter() - started) / POLICY_REPEATS)
 
     @torch.inference_mode()
-    def warm_up(self) -> tuple[int, ...]:
-        """One scratch round of ar and of every policy choice at batch bucket 1, before any
-        request: each tree size's kernels compiled and its round's graphs captured, so on a
-        fresh host (~10 s of compiles a tree size on the H200) no request pays them.
-        Nothing is measured or counted (the policy still times each batch bucket on its
-        first traffic, with the rows' real context). Local drafting only (a remote drafter
-        warms up in its own service). -> the tree sizes warmed up."""
-        local = isinstance(self.drafting, LocalDrafter) and self.policy is not None
-        choices = self.policy.choices if local and self.policy is not None else ()
-        batch = self.plan.batch_bucket(1)
-        for choice in (0, *choices):
-            key = BucketKey(batch, self.plan.node_bucket(choice))
-            self._scratch_round(key, self._scratch_buffers(key), self.drafting.block_size
-                                if self.drafting is not None else 1)
+    def warm_up(self) -> int:
+        """Every static shape traffic takes, compiled and captured before any request (what
+        vLLM's start-up graph capture does): each prefill token bucket (with and without
+        the drafter's features), and at every batch bucket a greedy scratch round of ar
+        and of each policy choice - the shapes the policy measures at a batch bucket's
+        first traffic. Without it a first use costs its captures and, for a new row
+        class of the GEMM's tiles, Triton's compiles: lease 13 saw a 1.0 s first token
+        for the first 307-token prompt and a 0.6 s stall of 8 streams when `auto` first
+        met batch 8. Largest shapes first (the graphs share one memory pool). Nothing is
+        measured or counted: the policy still times each batch bucket on its first
+        traffic, with the rows' real context. With a remote drafter the verify half runs
+        on a scratch tree (the drafter service warms up its own half). -> shapes warmed."""
+        num_shapes = 0
+        if self._static_prefill is not None:
+            for layers in dict.fromkeys(((), tuple(self.feature_layers))):
+                num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers)
+        choices = self.policy.choices if self.policy is not None else ()
+        context = self.drafting.block_size if self.drafting is not None else 1
+        for batch in sorted(self.plan.batch_buckets, reverse=True):
+            for num_nodes in sorted({self.plan.node_bucket(c) for c in (0, *choices)},
+                                    reverse=True):
+                key = BucketKey(batch, num_nodes)
+                self._scratch_round(key, self._scratch_buffers(key), context)
+                num_shapes += 1
         _sync(self.device)
-        return choices
+        return num_shapes
 
     def _scratch_buffers(self, key: BucketKey) -> RoundBuffers:
         """`key`'s buffers with every row the scratch row (the next real round sends its
@@ -474,10 +484,15 @@ class Engine:
         resets the scratch row at its end)."""
         drafting = self.drafting
         self.state.ints[self.state.scratch, COMMITTED] = context
-        if key.num_nodes:
-            assert isinstance(drafting, LocalDrafter)
+        if key.num_nodes and isinstance(drafting, LocalDrafter):
             self._replay(("draft", key.batch, key.num_nodes), buffers,
                          lambda: draft_into(self.state, drafting, buffers))
+        elif key.num_nodes:  # a remote drafter's tree: every node a child of the root
+            buffers.parents.fill_(0)
+            buffers.parents[:, 0] = -1
+            buffers.depth.fill_(1)
+            buffers.depth[:, 0] = 0
+            buffers.valid.fill_(True)
         layers = self.feature_layers if key.num_nodes else ()
         self._replay(("verify", key), buffers, lambda: verify_into(
             self.state, self.target, self.pool, buffers, key, layers,

@@ -109,16 +109,18 @@ class GraphDrafter:
         return ProposedTrees(tokens, parents, valid.sum(axis=1))
 
     def warm_up(self) -> None:
-        """One round of every node bucket at batch 1 on the scratch row: compiles the
-        kernels of each tree size (the tree build's Triton kernel is specialised per size:
-        ~10 s each on a fresh H200 host) and captures its graph before any traffic, so a
-        verifier's first round of a new size (auto explores the largest tree first) never
-        waits past its deadline (lease 9 call 25: the drafter was "lost" 10 s into the
-        first auto request)."""
-        for num_nodes in self.node_buckets:
-            ints = np.zeros((7, 1), dtype=np.int64)
-            ints[SLOTS], ints[BUDGET] = self.scratch, num_nodes
-            self.propose(DraftInputs(ints, torch.zeros(0, self.feature_width)))
+        """A round of every (batch bucket, node bucket) on the scratch row, largest first,
+        before any traffic: compiles the kernels of each shape (the tree build's Triton
+        kernel is specialised per size: ~10 s each on a fresh H200 host, and a batch of
+        one is a specialisation of its own) and captures its graph, so a verifier's first
+        round of a new shape (auto explores the largest tree first) never waits past its
+        deadline (lease 9 call 25: the drafter was "lost" 10 s into the first auto
+        request)."""
+        for batch in reversed(self.batches):
+            for num_nodes in reversed(self.node_buckets):
+                ints = np.zeros((7, batch), dtype=np.int64)
+                ints[SLOTS], ints[BUDGET] = self.scratch, num_nodes
+                self.propose(DraftInputs(ints, torch.zeros(0, self.feature_width)))
 
     def _run(self, static: _Static, num_nodes: int) -> DraftTree:
         slots, committed, num_pending, bonus, budget, force, topk = static.ints  # (B,) each

@@ -90,13 +90,23 @@ class PrefillGraphs:
     def fits(self, num_tokens: int, num_rows: int) -> bool:
         return num_tokens <= self.buckets[-1] and num_rows <= self.num_rows
 
+    def warm_up(self, target: TargetModel, pool: KVPool, feature_layers: Sequence[int]) -> int:
+        """Captures every bucket (largest first) on a one-token prompt in the scratch row,
+        before any request: a bucket's graph does not depend on how much of it the
+        prompts fill. -> buckets captured."""
+        for size in reversed(self.buckets):
+            self.forward(target, pool, [[0]], [self.scratch], feature_layers, size)
+        return len(self.buckets)
+
     def forward(self, target: TargetModel, pool: KVPool, prompts: Sequence[Sequence[int]],
-                slots: Sequence[int], feature_layers: Sequence[int]) -> TargetOutput:
-        """The prompts' forward (the caller checked `fits`): logits (R, V) float32 whose
-        row i is prompt i's last token; features (T, k*H) of the padded token sequence (the
-        prompts back to back from row 0) or None. Both are the graph's static outputs."""
+                slots: Sequence[int], feature_layers: Sequence[int],
+                size: int | None = None) -> TargetOutput:
+        """The prompts' forward (the caller checked `fits`) in the smallest bucket that
+        holds them (or bucket `size`): logits (R, V) float32 whose row i is prompt i's
+        last token; features (T, k*H) of the padded token sequence (the prompts back to
+        back from row 0) or None. Both are the graph's static outputs."""
         total = sum(len(p) for p in prompts)
-        size = next(b for b in self.buckets if b >= total)
+        size = size or next(b for b in self.buckets if b >= total)
         buffers = self._buffers.get(size)
         if buffers is None:
             # Each query's keys end within its own prompt: the bucket bounds them.

@@ -120,12 +120,15 @@
 #   call 46 (after 0-3; written in the tenth session, not yet run) `ddtree serve
 #           --colocate-drafter` (the drafter inside the verifier: two processes, no hop)
 #           against the three-process default: ar / tree@16 / auto at c1 and c8
-#           through each, every sample against ar, the start-up time of each
+#           through each, every sample against ar, the start-up time of each; ran in
+#           lease 13 (eleventh session) before and after the warm-up of every shape
 #   call 47 (after 0-3 or warm; not yet run) where a round of 8 trees spends its time, with
 #           true kernel durations: the round profile without dependent launches
 #           (DDTREE_PDL=0: under PDL a kernel's trace duration includes its wait for the
 #           previous one), kernel table per (mode, batch) in $OUT/profile_kernels.txt
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|47   (results under $OUT)
+#   call 48 (eleventh session, warm after 46) ar / tree@16 at c1 and c8 in process, the
+#           same lease as call 46's services (ratios side by side)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|48   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -257,6 +260,14 @@ case "${1:?call number}" in
     ${PREFILL_PROFILE:---prefill-profile} 2>&1 | grep "^profile"
   mark done
   ;;
+48)
+  [ -f $T/config.json ] || stage_target
+  mark "bench in process"
+  bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  (cd "$OUT" && gzip report_inprocess.json)
+  mark done
+  ;;
 46)
   [ -f $T/config.json ] || stage_target
   for placement in colocated services; do
@@ -264,6 +275,7 @@ case "${1:?call number}" in
     SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
       || exit 3
     mark "healthy ($placement)"
+    grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
     timeout 170 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
       --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 16 \
       --concurrency 1,8 --max-tokens 256 --no-progress \

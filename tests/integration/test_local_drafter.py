@@ -28,7 +28,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_grpc_services import open_session, verify
 from verifier_svc.config import VerifierServiceConfig
-from verifier_svc.server import build_local_engine
+from verifier_svc.server import build_engine
 from verifier_svc.server import build_server as build_verifier
 
 MAX_TOKENS = 24
@@ -108,9 +108,11 @@ def test_model_info_reports_the_drafter(local_verifier: Verifier, tiny_pair: Pat
 def test_the_warm_up_counts_nothing_and_leaves_the_engine_exact(
         tiny_pair: Path, fp32_target: TargetModel) -> None:
     target = load_target(tiny_pair / "target", "cpu", torch.float32).eval()  # its own
-    engine = build_local_engine(local_config(tiny_pair), target)  # CPU: no graphs, no warm-up
-    sizes = engine.warm_up()
-    assert engine.policy is not None and sizes == engine.policy.choices and sizes
+    engine = build_engine(local_config(tiny_pair), target, None)  # CPU: no graphs, no warm-up
+    assert engine.policy is not None and engine.policy.choices
+    node_buckets = {engine.plan.node_bucket(c) for c in (0, *engine.policy.choices)}
+    assert engine.warm_up() == len(engine.plan.batch_buckets) * len(node_buckets)
+    assert len(engine.plan.batch_buckets) > 1 and len(node_buckets) > 2
     assert not engine.has_work and engine.counters.num_rounds == 0
     assert engine.policy_measurements == 0  # the policy times real traffic later
     prompt = make_prompt(fp32_target, 10, seed=7)

@@ -106,3 +106,33 @@ def test_an_auto_row_whose_drafter_goes_away_continues_in_ar_with_the_greedy_tok
     finally:
         client.close()
         server.stop(None)
+
+
+def test_the_warm_up_verifies_scratch_trees_and_leaves_remote_rounds_exact(
+        drafter_client: DrafterClient, fp32_target: TargetModel) -> None:
+    """The verifier's start-up warm-up behind a remote drafter: every prefill bucket (with
+    and without features) and, at every batch bucket, the verify half of ar and of each
+    tree size on a scratch tree (no drafter call); then tree and auto generations still
+    serve the greedy tokens and the policy has measured nothing."""
+    assert drafter_client.info is not None
+    engine = Engine(fp32_target, RemoteDrafter(drafter_client, drafter_client.info, 20.0),
+                    EngineConfig(max_num_seqs=4, max_queue=4, max_budget=MAX_BUDGET,
+                                 measure_policy=True, static_prefill=True,
+                                 max_prefill_tokens=64))
+    policy, prefill = engine.policy, engine._static_prefill
+    assert policy is not None and prefill is not None
+    node_buckets = {engine.plan.node_bucket(c) for c in (0, *policy.choices)}
+    assert engine.warm_up() == (2 * len(prefill.buckets)
+                                + len(engine.plan.batch_buckets) * len(node_buckets))
+    assert engine.policy_measurements == 0 and engine.counters.num_rounds == 0
+    prompts = [make_prompt(fp32_target, 7 + i, 70 + i) for i in range(3)]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", GenerationRequest(
+            prompt, 16, spec=SpecParams("tree", budget=8) if i else SpecParams("auto"),
+            ignore_eos=True))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_work:
+        for request_id, result in engine.step():
+            tokens[request_id] += result.new_tokens
+    for i, prompt in enumerate(prompts):
+        assert tokens[f"r{i}"] == greedy_tokens(fp32_target, prompt, 16)

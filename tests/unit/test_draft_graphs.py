@@ -39,15 +39,17 @@ def session_trees(root: Path, warm_up: bool) -> tuple[set[tuple[int, int]], Prop
     local.start(0, "s0", torch.randn(PROMPT, width, generator=torch.Generator().manual_seed(3)))
     ints = np.zeros((7, 1), dtype=np.int64)
     ints[SLOTS], ints[COMMITTED], ints[BONUS], ints[BUDGET] = 0, PROMPT, 11, 16
-    assert shapes == ({(1, n) for n in graphs.node_buckets} if warm_up else set())
+    assert shapes == ({(b, n) for b in graphs.batches for n in graphs.node_buckets}
+                      if warm_up else set())
     return shapes, graphs.propose(DraftInputs(ints, torch.zeros(0, width)))
 
 
-def test_warm_up_runs_every_tree_size_and_leaves_real_sessions_alone(tmp_path: Path) -> None:
+def test_warm_up_runs_every_batch_and_tree_size_and_leaves_real_sessions_alone(
+        tmp_path: Path) -> None:
     make_tiny_pair(tmp_path, family="llama")
     shapes, warmed = session_trees(tmp_path, warm_up=True)
     _, cold = session_trees(tmp_path, warm_up=False)
-    assert (1, MAX_BUDGET) in shapes and len(shapes) >= 3
+    assert (1, MAX_BUDGET) in shapes and (NUM_SLOTS, MAX_BUDGET) in shapes and len(shapes) >= 6
     assert np.array_equal(warmed.tokens, cold.tokens)
     assert np.array_equal(warmed.parents, cold.parents)
     assert warmed.num_nodes.tolist() == cold.num_nodes.tolist() == [17]
