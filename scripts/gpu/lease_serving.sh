@@ -128,7 +128,9 @@
 #           previous one), kernel table per (mode, batch) in $OUT/profile_kernels.txt
 #   call 48 (eleventh session, warm after 46) ar / tree@16 at c1 and c8 in process, the
 #           same lease as call 46's services (ratios side by side)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|48   (results under $OUT)
+#   call 49 (after 0-3) call 48, then call 46: in process, colocated and three processes
+#           on one machine, after the warm-up of every shape
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|49   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -136,12 +138,12 @@ H=/tmp/HumanEval.jsonl.gz
 D=models/smollm2-135m-dflash
 
 wait_healthy() {  # pid log
-  for _ in $(seq 1 480); do
+  for _ in $(seq 1 800); do
     kill -0 "$1" 2>/dev/null || { tail -20 "$2"; return 3; }
     curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
     sleep 0.5
   done
-  echo "ddtree serve not healthy in 240 s"; return 3
+  echo "ddtree serve not healthy in 400 s"; return 3
 }
 
 CALL_START=$(date +%s)
@@ -259,6 +261,9 @@ case "${1:?call number}" in
     --humaneval $H --profile-modes "${PROFILE_MODES:-ar,tree@16,tree@32}" \
     ${PREFILL_PROFILE:---prefill-profile} 2>&1 | grep "^profile"
   mark done
+  ;;
+49)
+  bash scripts/gpu/lease_serving.sh 48 && bash scripts/gpu/lease_serving.sh 46
   ;;
 48)
   [ -f $T/config.json ] || stage_target
@@ -865,7 +870,7 @@ PY
     mark done
     exit
   fi
-  for _ in $(seq 1 480); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
+  for _ in $(seq 1 800); do [ -s /tmp/soak/report.json ] && break; sleep 1; done
   cp /tmp/soak/report.json "$OUT/soak_report.json"; tail -c 20000 /tmp/soak/log.txt > "$OUT/soak_log.txt"
   cat "$OUT/soak_report.json"
   ;;
