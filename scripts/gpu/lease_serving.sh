@@ -130,7 +130,15 @@
 #           same lease as call 46's services (ratios side by side)
 #   call 49 (after 0-3) call 48, then call 46: in process, colocated and three processes
 #           on one machine, after the warm-up of every shape
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|49   (results under $OUT)
+#   call 50 (after 0-3; written in the eleventh session, not yet run) the drafter service's
+#           warm-up shape by shape (scripts/gpu/warmup_timing.py), against an empty Triton
+#           cache and again with it (lease 13: 113-149 s for 56 shapes, where the colocated
+#           verifier warmed the same drafting graphs and its own in 30-51 s)
+#   call 51 (warm after 50; not yet run) why colocated ar at c8 ran below the three
+#           processes in all three runs of lease 13, which always ran colocated first: ar at
+#           c1 and c8 through the three processes first, then colocated (Triton's cache of
+#           call 50 for both)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|51   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -260,6 +268,34 @@ case "${1:?call number}" in
   DDTREE_PDL=0 timeout 300 python3 scripts/gpu/engine_bench.py --stages profile --target $T \
     --humaneval $H --profile-modes "${PROFILE_MODES:-ar,tree@16,tree@32}" \
     ${PREFILL_PROFILE:---prefill-profile} 2>&1 | grep "^profile"
+  mark done
+  ;;
+50)
+  [ -f $T/config.json ] || stage_target
+  for cache in cold warm; do
+    mark "drafter warm-up timing ($cache Triton cache)"
+    TRITON_CACHE_DIR=/tmp/tc50 timeout 280 python3 scripts/gpu/warmup_timing.py --target $T \
+      --drafter $D --json-out "$OUT/warmup_$cache.json" 2>&1 | grep -v Warn \
+      > "$OUT/warmup_$cache.txt"
+    grep -E "^(load|batch +(64|8|1) |[0-9]+ shapes)" "$OUT/warmup_$cache.txt"
+  done
+  mark done
+  ;;
+51)
+  [ -f $T/config.json ] || stage_target
+  export TRITON_CACHE_DIR=/tmp/tc50
+  for placement in services colocated; do
+    mark "serve ($placement)"
+    SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
+      || exit 3
+    mark "healthy ($placement)"
+    grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
+    timeout 120 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 40 --num-requests 40 --modes ar --concurrency 1,8 --repeats 2 --max-tokens 256 \
+      --no-progress --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
+    kill $S; wait $S 2>/dev/null
+  done
+  (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
   mark done
   ;;
 49)
