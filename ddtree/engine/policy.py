@@ -31,14 +31,20 @@ count), and acceptance seen within the last AR_EVIDENCE_ROUNDS rounds. Older evi
 new `auto` rows draft again, so a bucket that once preferred ar is judged again on fresh
 acceptance instead of staying in ar for the life of the server.
 
-Costs come from traffic (each round's wall time, per batch bucket and tree size) and, where
-the engine measured them (`measure`: the captured graphs of every choice replayed on scratch
-rows when a batch bucket first carries auto rows), from that measurement until traffic has
-MIN_SAMPLES rounds of a choice (traffic includes the host's work and real contexts, which
-the replay on empty scratch rows does not). So exploring is left to tau, which does not
-depend on the batch: no tree size has to be tried at every batch size, and ar (which auto
-rows never run) is judged by its measured cost instead of the prior. Without a measurement
-(a remote drafter: only ar is measured), each size is run MIN_SAMPLES rounds for its cost.
+Costs come from traffic (each round's wall time, per batch bucket and tree size: the tree
+rounds of auto rows, and every round whose rows are all ar, whoever's rows they are) and,
+where the engine measured them (`measure`: the captured graphs of every choice replayed on
+scratch rows when a batch bucket first carries auto rows), from that measurement until
+traffic has MIN_SAMPLES rounds of a choice (traffic includes the host's work and real
+contexts, which the replay on scratch rows does not). So exploring is left to tau, which
+does not depend on the batch: no tree size has to be tried at every batch size, and ar is
+judged by its measured cost instead of the prior until its own rounds are timed. ar's rounds
+count in traffic like the trees': behind the gateway each round costs the host ~0.4 ms
+that a replay does not see (lease 13: the demo pair's ar at batch 8 ran 1.48 ms rounds in
+traffic against 1.11 replayed), and judged against the replay alone the trees lost a
+contest they won in traffic (tree@16 6,388 tok/s against ar's 5,393 at c8). Without a
+measurement (a remote drafter: only ar is measured), each size is run MIN_SAMPLES rounds
+for its cost.
 """
 
 from __future__ import annotations

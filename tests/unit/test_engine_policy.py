@@ -377,3 +377,39 @@ def test_a_larger_batch_follows_a_smaller_one_that_prefers_ar() -> None:
     feed(fast, 1, {15: 1.4, 16: 1.4, 32: 1.5, 63: 1.7}, tau, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
     assert not fast.prefers_ar(1) and not fast.prefers_ar(8)  # batch 8 is explored
     assert fast.choose(8) == 15
+
+
+def test_ar_timed_in_traffic_judges_the_trees_as_traffic_does() -> None:
+    """An ar round replayed on scratch rows misses the host's work per round, which a tree
+    round timed in traffic carries (lease 13 call 49, the demo pair colocated behind the
+    gateway at batch 8: ar rounds ~1.48 ms in traffic against 1.11 replayed). Judged
+    against the replay, tree@16 (tau ~3.1, 3.5 ms) is 1.0x ar and auto served ar (5,337
+    tok/s); judged against ar's own traffic it is past the margin, and tree@16 served
+    6,388 tok/s against ar's 5,393 in that run."""
+    policy = BudgetPolicy(depth=15, max_budget=16)
+    policy.measure(1, 0, 1.0)
+    feed(policy, 1, {15: 1.4, 16: 1.5}, {15: 2.3, 16: 3.14}, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    for choice, cost in {0: 1.11, 15: 3.3, 16: 3.5}.items():
+        policy.measure(8, choice, cost)
+    assert policy.prefers_ar(8)  # 3 / 3.5 per row against 1 / 1.11
+    for _ in range(MIN_SAMPLES):
+        policy.observe(8, 0, 1.48, 0, [])  # ar rounds of any rows at batch 8
+    assert not policy.prefers_ar(8)  # 3 / 3.5 against 1 / 1.48: 1.27x
+    assert policy.snapshot()["batches"]["8"]["choices"]["0"]["traffic_rounds"] == MIN_SAMPLES  # type: ignore[index]
+
+
+def test_the_engine_times_ar_rounds_in_traffic_for_the_policy(pair) -> None:
+    """Rounds whose rows are all ar (an `ar` request here) give the policy ar's traffic
+    cost at their batch bucket, as tree rounds of auto rows do for their size."""
+    target, drafter = pair
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=2, max_model_len=96,
+                                                        max_budget=32))
+    for i in range(2):
+        engine.add_request(f"ar{i}", GenerationRequest([5, 6, 7 + i], 12,
+                                                       spec=SpecParams("ar"), ignore_eos=True))
+    while engine.has_work:
+        engine.step()
+    assert engine.policy is not None
+    choices = engine.policy.snapshot()["batches"]["2"]["choices"]  # type: ignore[index]
+    assert choices["0"]["traffic_rounds"] >= 10 and choices["0"]["measured_ms"] is None
+    assert all(choices[str(c)]["traffic_rounds"] == 0 for c in engine.policy.choices)
