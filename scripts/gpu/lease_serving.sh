@@ -223,6 +223,26 @@ serve_against_ar() {  # `ddtree serve` (its time to healthy, the drafter's warm-
   echo "drafter lost / fallbacks: $(grep -c 'drafter_lost\|fallback' "$OUT/serve.log")"
 }
 
+placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each placement in
+  # turn (colocated: --colocate-drafter; services: three processes), its warm-up lines, 40
+  # HumanEval requests x 256 tokens through it, each sample against ar; reports and logs
+  # in $OUT/raw.tar.gz
+  local placements=$1; shift
+  for placement in $placements; do
+    mark "serve ($placement)"
+    SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
+      || return 3
+    mark "healthy ($placement)"
+    grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
+    timeout 170 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 40 --num-requests 40 --max-tokens 256 --no-progress "$@" \
+      --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
+    python3 scripts/gpu/ar_mismatches.py "$OUT/report_$placement.json" | tail -1 | cut -c1-300
+    kill $S; wait $S 2>/dev/null
+  done
+  (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
+}
+
 remote_profile() {  # [args]: the remote drafter's round split on the GPU (one process, loopback gRPC)
   PYTHONPATH=.:$PYTHONPATH timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
     --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128 "$@"
@@ -284,18 +304,7 @@ case "${1:?call number}" in
 51)
   [ -f $T/config.json ] || stage_target
   export TRITON_CACHE_DIR=/tmp/tc50
-  for placement in services colocated; do
-    mark "serve ($placement)"
-    SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
-      || exit 3
-    mark "healthy ($placement)"
-    grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
-    timeout 120 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 40 --num-requests 40 --modes ar --concurrency 1,8 --repeats 2 --max-tokens 256 \
-      --no-progress --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
-    kill $S; wait $S 2>/dev/null
-  done
-  (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
+  placements_bench "services colocated" --modes ar --concurrency 1,8 --repeats 2 || exit 3
   mark done
   ;;
 49)
@@ -311,20 +320,8 @@ case "${1:?call number}" in
   ;;
 46)
   [ -f $T/config.json ] || stage_target
-  for placement in colocated services; do
-    mark "serve ($placement)"
-    SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
-      || exit 3
-    mark "healthy ($placement)"
-    grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
-    timeout 170 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 40 --num-requests 40 --modes ar,tree,auto --budgets 16 \
-      --concurrency 1,8 --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
-    python3 scripts/gpu/ar_mismatches.py "$OUT/report_$placement.json" | tail -1 | cut -c1-300
-    kill $S; wait $S 2>/dev/null
-  done
-  (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
+  placements_bench "colocated services" --modes ar,tree,auto --budgets 16 --concurrency 1,8 \
+    || exit 3
   mark done
   ;;
 45)
