@@ -387,15 +387,13 @@ class Engine:
         table = flight.host.tolist()
         outputs = self._harvest(flight.rows, table, flight.logits, flight.width, stages)
         measured = flight.measurements != self.policy_measurements  # the wait measures that
-        if self.policy is None or flight.captured or measured:
-            return outputs
-        if flight.auto_choice:
-            width = flight.width  # each auto row's accepted path: its node indices, root first
-            paths = [table[i][2 + width: 2 + width + table[i][0]] for i in flight.auto_rows]
+        if self.policy is not None and not flight.captured and not measured:
+            # Every round's cost is its shape's, whoever's rows; acceptance only from the
+            # auto rows that drafted (each row's accepted path: node indices, root first).
+            width, auto = flight.width, flight.auto_rows if flight.auto_choice else []
+            paths = [table[i][2 + width: 2 + width + table[i][0]] for i in auto]
             self.policy.observe(flight.key.batch, flight.key.num_nodes, seconds,
                                 flight.auto_choice, paths)
-        elif flight.key.num_nodes == 0:  # an ar round, whoever's rows: ar's traffic cost
-            self.policy.observe(flight.key.batch, 0, seconds, 0, [])
         return outputs
 
     def _follow_policy(self, rows: list[Row], batch: int) -> int:

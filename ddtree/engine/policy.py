@@ -31,20 +31,19 @@ count), and acceptance seen within the last AR_EVIDENCE_ROUNDS rounds. Older evi
 new `auto` rows draft again, so a bucket that once preferred ar is judged again on fresh
 acceptance instead of staying in ar for the life of the server.
 
-Costs come from traffic (each round's wall time, per batch bucket and tree size: the tree
-rounds of auto rows, and every round whose rows are all ar, whoever's rows they are) and,
-where the engine measured them (`measure`: the captured graphs of every choice replayed on
-scratch rows when a batch bucket first carries auto rows), from that measurement until
-traffic has MIN_SAMPLES rounds of a choice (traffic includes the host's work and real
-contexts, which the replay on scratch rows does not). So exploring is left to tau, which
-does not depend on the batch: no tree size has to be tried at every batch size, and ar is
-judged by its measured cost instead of the prior until its own rounds are timed. ar's rounds
-count in traffic like the trees': behind the gateway each round costs the host ~0.4 ms
-that a replay does not see (lease 13: the demo pair's ar at batch 8 ran 1.48 ms rounds in
-traffic against 1.11 replayed), and judged against the replay alone the trees lost a
-contest they won in traffic (tree@16 6,388 tok/s against ar's 5,393 at c8). Without a
-measurement (a remote drafter: only ar is measured), each size is run MIN_SAMPLES rounds
-for its cost.
+Costs come from traffic (each round's wall time, per batch bucket and node bucket, whoever's
+rows ran it: a shape costs the same for auto rows, a request's tree or ar rows) and, where
+the engine measured them (`measure`: the captured graphs of every choice replayed on scratch
+rows when a batch bucket first carries auto rows), from that measurement until traffic has
+MIN_SAMPLES rounds of a choice (traffic includes the host's work and real contexts, which
+the replay on scratch rows does not). So exploring is left to tau, which does not depend on
+the batch: no tree size has to be tried at every batch size, and ar is judged by its
+measured cost instead of the prior until its own rounds are timed. Until lease 13 only
+auto's tree rounds were timed: behind the gateway each round costs the host ~0.4 ms that a
+replay does not see (the demo pair's ar at batch 8 ran 1.48 ms rounds in traffic against
+1.11 replayed), so judged against the replay the trees lost a contest they won in traffic
+(tree@16 6,388 tok/s against ar's 5,393 at c8). Without a measurement (a remote drafter:
+only ar is measured), each size is run MIN_SAMPLES rounds for its cost.
 """
 
 from __future__ import annotations
@@ -266,9 +265,9 @@ class BudgetPolicy:
     def observe(self, batch: int, num_nodes: int, seconds: float, choice: int,
                 paths: list[list[int]]) -> None:
         """One round at batch bucket `batch` with node bucket `num_nodes` took `seconds`;
-        its auto rows ran `choice` and accepted `paths` (each row's path: the node indices
-        of its committed tokens, root first). (The engine leaves out rounds that captured a
-        graph: they measure the capture.)"""
+        its auto rows ran `choice` (0: none drafted) and accepted `paths` (each row's path:
+        the node indices of its committed tokens, root first). (The engine leaves out
+        rounds that captured a graph: they measure the capture.)"""
         self._cost.setdefault((batch, num_nodes), _Window()).add(seconds, self._round)
         sizes = [choice] if choice == self.depth else [  # the chain is not nested
             c for c in self.choices if c != self.depth and c <= choice]

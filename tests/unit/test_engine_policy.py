@@ -398,9 +398,10 @@ def test_ar_timed_in_traffic_judges_the_trees_as_traffic_does() -> None:
     assert policy.snapshot()["batches"]["8"]["choices"]["0"]["traffic_rounds"] == MIN_SAMPLES  # type: ignore[index]
 
 
-def test_the_engine_times_ar_rounds_in_traffic_for_the_policy(pair) -> None:
-    """Rounds whose rows are all ar (an `ar` request here) give the policy ar's traffic
-    cost at their batch bucket, as tree rounds of auto rows do for their size."""
+def test_the_engine_times_every_round_in_traffic_for_the_policy(pair) -> None:
+    """A round's cost is its shape's, whoever's rows ran it: rounds of `ar` requests give
+    the policy ar's traffic cost at their batch bucket, rounds of a `tree` request their
+    node bucket's; acceptance comes from auto rows only."""
     target, drafter = pair
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=2, max_model_len=96,
                                                         max_budget=32))
@@ -413,3 +414,10 @@ def test_the_engine_times_ar_rounds_in_traffic_for_the_policy(pair) -> None:
     choices = engine.policy.snapshot()["batches"]["2"]["choices"]  # type: ignore[index]
     assert choices["0"]["traffic_rounds"] >= 10 and choices["0"]["measured_ms"] is None
     assert all(choices[str(c)]["traffic_rounds"] == 0 for c in engine.policy.choices)
+    engine.add_request("tree", GenerationRequest([5, 6, 9], 12, spec=SpecParams("tree", 16),
+                                                 ignore_eos=True))
+    while engine.has_work:
+        engine.step()
+    snapshot = engine.policy.snapshot()
+    assert snapshot["batches"]["1"]["choices"]["16"]["traffic_rounds"] > 0  # type: ignore[index]
+    assert snapshot["tau"] == {}  # no auto row drafted
