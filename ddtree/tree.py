@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ddtree.errors import InvalidArgumentError
-from ddtree.kernels import tree_build
+from ddtree.kernels import tree_build, vocab_topk
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -88,12 +88,16 @@ def build_round_tree(
     nodes are exactly `build_tree(..., budget[b], max_topk[b])`'s nodes (or the chain plus
     the best others); nodes past them are padding (`valid` False, parent the root).
     Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L.
-    With `kernels` everything after the vocabulary's top-K runs in one Triton kernel
-    (`ddtree.kernels.tree_build`: the same trees, bitwise)."""
+    With `kernels` the vocabulary's top-K runs in two Triton kernels
+    (`ddtree.kernels.vocab_topk`) and everything after it in one (`ddtree.kernels.
+    tree_build`): the same trees, bitwise."""
     batch, num_levels, vocab = draft_logits.shape
     num_ranks = min(num_nodes, vocab)
     logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
-    rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)
+    if kernels and vocab_topk.supports(vocab, num_ranks):
+        rank_tokens = vocab_topk.stable_topk(logp, num_ranks)  # (B, L, K), the same
+    else:
+        rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)
     widths = _beam_widths(num_nodes, num_ranks, num_levels)
     if kernels and tree_build.supports(num_nodes, num_ranks, widths):
         tokens, parents, depth, valid, scores = tree_build.tree_from_ranks(

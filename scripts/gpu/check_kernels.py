@@ -44,12 +44,15 @@ from ddtree.kernels.tree_attention import (  # noqa: E402
     tree_attention_reference,
     tree_attention_tiled,
 )
+from ddtree.kernels.vocab_topk import stable_topk  # noqa: E402
+from ddtree.tree import _stable_topk  # noqa: E402
 from tests.kernels import (  # noqa: E402
     bench_matmul,
     bench_rmsnorm,
     bench_rope,
     bench_swiglu,
     bench_tree_attention,
+    bench_vocab_topk,
 )
 from tests.kernels.tree_cases import (  # noqa: E402
     Queries,
@@ -368,6 +371,21 @@ def check_silu_mul(report: Report, device: torch.device, quick: bool) -> None:
             check_equal(report, f"{name} row alone", silu_mul(gate_up[5:6]), out[5:6])
 
 
+def check_vocab_topk(report: Report, device: torch.device, quick: bool) -> None:
+    """The drafter's vocabulary top-K: the tokens and order of `_stable_topk` (ties to the
+    lower id: integer logits tie by the thousand), one row alone as in the batch."""
+    for vocab in (3000, 5000) if quick else (49152, 151936):
+        for k in (16, 40) if quick else (16, 127):
+            name = f"vocab_topk V={vocab} K={k}"
+            logits = torch.randn(*((4, 2) if quick else (8, 15)), vocab, device=device)
+            for label, values in (("random", logits), ("ties", logits.round().clamp(-2, 2))):
+                logp = values.log_softmax(-1)
+                got = stable_topk(logp, k)
+                check_equal(report, f"{name} {label} == torch", got, _stable_topk(logp, k))
+                check_equal(report, f"{name} {label} row alone", stable_topk(logp[3:4], k),
+                            got[3:4])
+
+
 # ---------------------------------------------------------------------------------------
 # (c) timings and (d) the table
 
@@ -381,7 +399,9 @@ def run_benchmarks(report: Report, device: torch.device, quick: bool) -> None:
             "rms_norm": lambda: bench_rmsnorm.bench_rms_norm(device, {"tiny": 64}, (1,)),
             "rope_store": lambda: bench_rope.bench_rope_store(device, {"tiny": (4, 2, 64, True)},
                                                               (1,)),
-            "silu_mul": lambda: bench_swiglu.bench_silu_mul(device, {"tiny": 64}, (1,))}
+            "silu_mul": lambda: bench_swiglu.bench_silu_mul(device, {"tiny": 64}, (1,)),
+            "vocab_topk": lambda: bench_vocab_topk.bench_vocab_topk(
+                device, {"tiny": 3000}, (1,), (16,))}
     else:
         shapes = {**bench_matmul.SMOLLM2_LINEARS, **bench_matmul.QWEN3_LINEARS}
         benches = {
@@ -389,7 +409,8 @@ def run_benchmarks(report: Report, device: torch.device, quick: bool) -> None:
             "tree_attention": lambda: bench_tree_attention.bench_tree_attention(device),
             "rms_norm": lambda: bench_rmsnorm.bench_rms_norm(device),
             "rope_store": lambda: bench_rope.bench_rope_store(device),
-            "silu_mul": lambda: bench_swiglu.bench_silu_mul(device)}
+            "silu_mul": lambda: bench_swiglu.bench_silu_mul(device),
+            "vocab_topk": lambda: bench_vocab_topk.bench_vocab_topk(device)}
     for name, bench in benches.items():
         report.section(f"timing {name}", lambda bench=bench: report.timings.extend(bench()),
                        counts=False)
@@ -443,7 +464,7 @@ def main() -> int:
     report = Report()
     for name, check in (("linear", check_linear), ("tree_attention", check_tree_attention),
                         ("rms_norm", check_rms_norm), ("rope_store", check_rope),
-                        ("silu_mul", check_silu_mul)):
+                        ("silu_mul", check_silu_mul), ("vocab_topk", check_vocab_topk)):
         report.section(name, lambda check=check: check(report, device, args.quick))
     if not args.no_bench:
         run_benchmarks(report, device, args.quick)

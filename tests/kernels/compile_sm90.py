@@ -32,6 +32,7 @@ import ddtree.kernels.rope as rope_module
 import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
 import ddtree.kernels.tree_build as tree_build
+import ddtree.kernels.vocab_topk as vocab_topk
 from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
@@ -114,6 +115,8 @@ def _launch_all() -> None:
         tree_build.tree_from_ranks(logp, logp.topk(num_nodes).indices, rows,
                                    _beam_widths(num_nodes, num_nodes, 15), num_nodes, rows,
                                    rows.bool(), rows)
+    for vocab, k in ((49152, 16), (151936, 127)):  # the demo and Qwen3 vocabularies
+        vocab_topk.stable_topk(torch.randn(2, 15, vocab).log_softmax(-1), k)
 
 
 def sass_of(kernel: object) -> tuple[str, str]:
@@ -149,7 +152,8 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     whether the wait precedes the first global memory access (else how many global loads
     and writes come before it), and whether an L2 prefetch
     (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
-    modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build)
+    modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build,
+               vocab_topk)
     saved = [module.use_pdl for module in modules]
     for module in modules:
         module.use_pdl = lambda tensor: pdl  # type: ignore[assignment]

@@ -24,5 +24,6 @@ def test_gpu_check_script_passes_quick_under_the_interpreter(tmp_path: Path) -> 
     summary = json.loads((tmp_path / "kernels.json").read_text())
     assert summary["checks"] and all(check["ok"] for check in summary["checks"])
     kernels = {row["kernel"] for row in summary["timings"]}
-    assert kernels == {"linear", "tree_attention", "rms_norm", "rope_store", "silu_mul"}
+    assert kernels == {"linear", "tree_attention", "rms_norm", "rope_store", "silu_mul",
+                       "vocab_topk"}
     assert not summary["timing_errors"]

@@ -1,0 +1,71 @@
+"""The two-kernel vocabulary top-K gives `_stable_topk`'s tokens in its order: the k most
+probable first, ties to the lower token id (exact ties from integer logits, -0.0 against
+0.0, -inf), vocabularies that are not a multiple of the chunk, k from 1 to MAX_K, chunk
+sizes that grow with k, and inside `build_round_tree`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.kernels import vocab_topk
+from ddtree.tree import _stable_topk, build_round_tree
+
+
+def check(logp: torch.Tensor, k: int) -> None:
+    want = _stable_topk(logp, k)
+    got = vocab_topk.stable_topk(logp, k)
+    assert got.dtype == torch.int64 and got.shape == want.shape == (*logp.shape[:-1], k)
+    assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize(("vocab", "k"), [(500, 1), (500, 16), (4099, 16), (3000, 63),
+                                          (6000, 127)])
+def test_random_log_probabilities(vocab: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(vocab + k)
+    check(torch.log_softmax(3 * torch.randn(2, 3, vocab, generator=gen), dim=-1), k)
+
+
+def test_exact_ties_go_to_the_lower_token_id() -> None:
+    """Integer logits over three values: thousands of exact ties across chunk borders."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (4, 5000), generator=gen).float()
+    check(torch.log_softmax(logits, dim=-1), 40)
+
+
+def test_signed_zero_and_minus_infinity() -> None:
+    """-0.0 and 0.0 tie (the lower id first); -inf ranks last, among itself by id, and
+    is still returned when k exceeds the finite entries."""
+    logp = torch.full((2, 2100), float("-inf"))
+    logp[0, [5, 2050, 7]] = torch.tensor([-0.0, 0.0, -1.5])
+    logp[1, [2099, 3]] = torch.tensor([0.0, -0.0])
+    check(logp, 6)
+
+
+def test_the_chunk_grows_so_the_merge_holds_every_winner() -> None:
+    assert vocab_topk.chunk_size(49152, 16) == vocab_topk.MIN_CHUNK
+    for vocab, k in ((49152, 127), (151936, 127), (151936, 256)):
+        chunk = vocab_topk.chunk_size(vocab, k)
+        assert -(-vocab // chunk) * k <= vocab_topk.MAX_CANDIDATES
+    gen = torch.Generator().manual_seed(3)
+    check(torch.log_softmax(torch.randn(1, 20000, generator=gen), dim=-1), 256)
+
+
+def test_supports() -> None:
+    assert vocab_topk.supports(49152, 127)
+    assert not vocab_topk.supports(49152, 0)
+    assert not vocab_topk.supports(10, 11)
+    assert not vocab_topk.supports(200_000, vocab_topk.MAX_K + 1)
+
+
+def test_the_round_tree_builds_on_it() -> None:
+    """build_round_tree with kernels: the vocabulary top-K and the tree build in Triton
+    give the PyTorch round tree bitwise."""
+    gen = torch.Generator().manual_seed(5)
+    logits = 3 * torch.randn(3, 6, 2500, generator=gen)
+    bonus, budget = torch.tensor([1, 2, 3]), torch.tensor([16, 6, 0])
+    force, max_topk = torch.tensor([False, True, False]), torch.tensor([0, 0, 0])
+    want = build_round_tree(logits, bonus, 16, budget, force, max_topk)
+    got = build_round_tree(logits, bonus, 16, budget, force, max_topk, kernels=True)
+    for name in ("tokens", "parents", "depth", "valid", "scores"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
