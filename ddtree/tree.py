@@ -77,6 +77,7 @@ def build_tree(
 def build_round_tree(
     draft_logits: Tensor, bonus: Tensor, num_nodes: int, budget: Tensor,
     force_chain: Tensor, max_topk: Tensor, kernels: bool = False,
+    topk_kernel: bool | None = None,
 ) -> DraftTree:
     """One round's trees for a batch whose rows differ in mode and budget, in one static
     shape (B, 1 + num_nodes), no host sync.
@@ -89,12 +90,13 @@ def build_round_tree(
     the best others); nodes past them are padding (`valid` False, parent the root).
     Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L.
     With `kernels` the vocabulary's top-K runs in two Triton kernels
-    (`ddtree.kernels.vocab_topk`) and everything after it in one (`ddtree.kernels.
-    tree_build`): the same trees, bitwise."""
+    (`ddtree.kernels.vocab_topk`; `topk_kernel` False keeps torch.topk) and everything
+    after it in one (`ddtree.kernels.tree_build`): the same trees, bitwise."""
     batch, num_levels, vocab = draft_logits.shape
     num_ranks = min(num_nodes, vocab)
     logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
-    if kernels and vocab_topk.supports(vocab, num_ranks):
+    if (kernels if topk_kernel is None else topk_kernel) and vocab_topk.supports(vocab,
+                                                                               num_ranks):
         rank_tokens = vocab_topk.stable_topk(logp, num_ranks)  # (B, L, K), the same
     else:
         rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)

@@ -86,5 +86,7 @@ def propose_trees(drafter: LocalDrafter, rows: Tensor, committed: Tensor, pendin
                   force_chain: Tensor, max_topk: Tensor) -> DraftTree:
     """One round's trees for a batch (B, 1 + num_nodes); see `build_round_tree`."""
     logits = drafter.draft_logits(rows, committed, pending, num_pending, bonus)  # (B, L, V)
+    backend = drafter.backend
     return build_round_tree(logits, bonus, num_nodes, budget, force_chain, max_topk,
-                            kernels=drafter.backend.kernels and drafter.backend.tree_build)
+                            kernels=backend.kernels and backend.tree_build,
+                            topk_kernel=backend.kernels and backend.vocab_topk)

@@ -32,13 +32,15 @@ class Backend:
     invariant: batch-invariant GEMMs (only meaningful with kernels); fused: the norm and
     SwiGLU prologues inside those GEMMs (only meaningful with kernels and invariant);
     tree_build: a drafter's trees from one kernel (ddtree.kernels.tree_build; only with
-    kernels; the same trees as without)."""
+    kernels; the same trees as without); vocab_topk: its vocabulary top-K from two
+    (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's)."""
 
     kernels: bool = False
     invariant: bool = True
     fused: bool = False
     swiglu_epilogue: bool = True
     tree_build: bool = True
+    vocab_topk: bool = True
 
     @property
     def fuses_prologues(self) -> bool:

@@ -390,7 +390,8 @@ def check_vocab_topk(report: Report, device: torch.device, quick: bool) -> None:
 # (c) timings and (d) the table
 
 
-def run_benchmarks(report: Report, device: torch.device, quick: bool) -> None:
+def run_benchmarks(report: Report, device: torch.device, quick: bool,
+                   only: set[str] | frozenset[str] = frozenset()) -> None:
     if quick:
         benches = {
             "linear": lambda: bench_matmul.bench_linear(device, TINY_LINEARS, (1, 16)),
@@ -412,6 +413,8 @@ def run_benchmarks(report: Report, device: torch.device, quick: bool) -> None:
             "silu_mul": lambda: bench_swiglu.bench_silu_mul(device),
             "vocab_topk": lambda: bench_vocab_topk.bench_vocab_topk(device)}
     for name, bench in benches.items():
+        if only and name not in only:
+            continue
         report.section(f"timing {name}", lambda bench=bench: report.timings.extend(bench()),
                        counts=False)
 
@@ -455,6 +458,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU: interpreter)")
     parser.add_argument("--no-bench", action="store_true", help="checks only, no timings")
+    parser.add_argument("--only", default="", help="these kernels' checks and timings only "
+                        "(comma list: linear, tree_attention, rms_norm, rope_store, "
+                        "silu_mul, vocab_topk; no tuning)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.quick:
@@ -462,13 +468,16 @@ def main() -> int:
     start = time.perf_counter()
     torch.manual_seed(0)
     report = Report()
+    only = set(filter(None, args.only.split(",")))
     for name, check in (("linear", check_linear), ("tree_attention", check_tree_attention),
                         ("rms_norm", check_rms_norm), ("rope_store", check_rope),
                         ("silu_mul", check_silu_mul), ("vocab_topk", check_vocab_topk)):
-        report.section(name, lambda check=check: check(report, device, args.quick))
+        if not only or name in only:
+            report.section(name, lambda check=check: check(report, device, args.quick))
     if not args.no_bench:
-        run_benchmarks(report, device, args.quick)
-        run_tuning(report, device, args.quick, start)
+        run_benchmarks(report, device, args.quick, only)
+        if not only:
+            run_tuning(report, device, args.quick, start)
     print_table(report.tuning, "tuning (torch: the same torch call as in the timings)")
     print_table(report.timings, "timings")
     wall = time.perf_counter() - start

@@ -8,8 +8,9 @@ Stages (comma list, `--stages`):
             ar / tree@32 without the SwiGLU epilogue, without dependent launches (no PDL),
             without their L2 prefetches (no prefetch) or with the fused norm/SwiGLU
             prologues, linear / tree@32 / tree@64 with the trees built in PyTorch instead
-            of one kernel (PyTorch tree), ar / tree@64 with the batch-invariant GEMMs off
-            (cuBLAS); and
+            of one kernel (PyTorch tree), tree@16 / tree@32 with torch.topk for the
+            drafter's vocabulary top-K (torch top-K), ar / tree@64 with the batch-invariant
+            GEMMs off (cuBLAS); and
             transformers' static-cache `generate` on the same prompts
   fp32      the same exactness check in float32 (fewer modes)
   load      total throughput at concurrency 1/8/32/64 for ar, tree@16, tree@64 and auto,
@@ -239,6 +240,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
                 (" (PyTorch tree)", True, False, True, True, True, True,
                  ("linear", "tree@32", "tree@64")),
+                (" (torch top-K)", True, False, True, True, True, True,
+                 ("tree@16", "tree@32")),
                 (" (fused)", True, True, True, False, True, True, ("ar", "tree@32")),
                 (" (cuBLAS)", False, False, True, True, True, True, ("ar", "tree@64")))
     wanted = set(args.speed_modes.split(",")) if args.speed_modes else None
@@ -256,7 +259,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             fast_ar=fast_ar, swiglu_epilogue=epilogue))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(
-                engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree")
+                engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",
+                vocab_topk=kind not in ("PyTorch tree", "torch top-K"))
         reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
@@ -511,7 +515,7 @@ def main(argv: list[str]) -> int:
                         "(comma-separated, ar always; default all)")
     parser.add_argument("--speed-variants",
                         default="plain,generic ar,no epilogue,no PDL,no prefetch,PyTorch tree,"
-                        "fused,cuBLAS",
+                        "torch top-K,fused,cuBLAS",
                         help="speed stage: which engine variants")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
