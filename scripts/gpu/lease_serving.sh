@@ -138,7 +138,16 @@
 #           processes in all three runs of lease 13, which always ran colocated first: ar at
 #           c1 and c8 through the three processes first, then colocated (Triton's cache of
 #           call 50 for both)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|51   (results under $OUT)
+#   call 52 (twelfth session, after 0-3) the drafter's vocabulary top-K in two Triton
+#           kernels (ddtree/kernels/vocab_topk.py): its GPU checks and timings against
+#           torch.topk, then the speed stage (ar / tree@16 / tree@32 at batch 1, with it and
+#           with torch.topk, transformers' static cache in the same run)
+#   call 53 (warm after 52) 160 HumanEval requests a point instead of 40 (at c8 40 requests
+#           are 0.8 s, five a stream: the ramp and the drain weigh on the ratio): in process
+#           ar / tree@16, then `ddtree serve --colocate-drafter` ar / tree@16 / auto (auto
+#           now judges ar by ar's traffic rounds), c1 and c8, every sample against ar
+#   call 54 (warm after 53) the same through the three processes
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|54   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -200,10 +209,11 @@ curves_and_serving() {  # load curves, continuous load in process and through `d
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
 }
 
-bench_inprocess() {  # modes budgets report.json: 40 HumanEval requests x 256 tokens in
-  # process at c1 and c8 (continuous load), its table rows
-  timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-    --num-prompts 40 --num-requests 40 --modes "$1" --budgets "$2" --concurrency 1,8 \
+bench_inprocess() {  # modes budgets report.json: NUM (40) HumanEval requests x 256 tokens
+  # in process at c1 and c8 (continuous load), its table rows
+  timeout "${BENCH_TIMEOUT:-150}" python3 -m ddtree.cli bench --target $T --drafter $D \
+    --prompts humaneval --num-prompts "${NUM:-40}" --num-requests "${NUM:-40}" \
+    --modes "$1" --budgets "$2" --concurrency 1,8 \
     --max-tokens 256 --no-progress --json-out "$3" 2>&1 | grep humaneval
 }
 
@@ -224,9 +234,9 @@ serve_against_ar() {  # `ddtree serve` (its time to healthy, the drafter's warm-
 }
 
 placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each placement in
-  # turn (colocated: --colocate-drafter; services: three processes), its warm-up lines, 40
-  # HumanEval requests x 256 tokens through it, each sample against ar; reports and logs
-  # in $OUT/raw.tar.gz
+  # turn (colocated: --colocate-drafter; services: three processes), its warm-up lines, NUM
+  # (40) HumanEval requests x 256 tokens through it, each sample against ar; reports and
+  # logs in $OUT/raw.tar.gz
   local placements=$1; shift
   for placement in $placements; do
     mark "serve ($placement)"
@@ -234,8 +244,9 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
       || return 3
     mark "healthy ($placement)"
     grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
-    timeout 170 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 40 --num-requests 40 --max-tokens 256 --no-progress "$@" \
+    timeout "${BENCH_TIMEOUT:-170}" python3 -m ddtree.cli bench --url http://127.0.0.1:8000 \
+      --prompts humaneval --num-prompts "${NUM:-40}" --num-requests "${NUM:-40}" \
+      --max-tokens 256 --no-progress "$@" \
       --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
     python3 scripts/gpu/ar_mismatches.py "$OUT/report_$placement.json" | tail -1 | cut -c1-300
     kill $S; wait $S 2>/dev/null
@@ -282,6 +293,33 @@ PY
 }
 
 case "${1:?call number}" in
+52)
+  [ -f $T/config.json ] || stage_target
+  mark "check_kernels vocab_topk"
+  timeout 120 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
+    | tail -14
+  mark "engine_bench speed"
+  timeout 400 python3 scripts/gpu/engine_bench.py --stages speed \
+    --speed-modes ar,tree@16,tree@32 --speed-variants "plain,torch top-K" --target $T \
+    --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -12
+  mark done
+  ;;
+53)
+  [ -f $T/config.json ] || stage_target
+  export NUM=160 BENCH_TIMEOUT=290
+  mark "bench in process (160 requests)"
+  bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  (cd "$OUT" && gzip report_inprocess.json)
+  placements_bench colocated --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+54)
+  [ -f $T/config.json ] || stage_target
+  NUM=160 BENCH_TIMEOUT=400 placements_bench services --modes ar,tree,auto --budgets 16 \
+    --concurrency 1,8 || exit 3
+  mark done
+  ;;
 47)
   [ -f $T/config.json ] || stage_target
   mark "engine_bench profile, DDTREE_PDL=0"
