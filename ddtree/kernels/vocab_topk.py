@@ -1,21 +1,27 @@
-"""The drafter's top-K over the vocabulary in two small kernels: the K most probable
+"""The drafter's top-K over the vocabulary in small one-warp kernels: the K most probable
 tokens of every (row, depth), most probable first, ties to the lower token id - exactly
 `ddtree.tree._stable_topk`'s answer.
 
 `_stable_topk` ranks a unique int64 key with `torch.topk`, whose radix select makes eight
 passes over 64-bit keys (three kernels each, plus the key's own elementwise kernel): on the
 H200 ~0.07 ms of a ~1.6 ms tree round at batch 1 and ~0.18 ms of ~2.5 at batch 8 (lease 12,
-call 47: the drafter's top-K was the third cost that grows with the batch). Here:
+call 47: the drafter's top-K was the third cost that grows with the batch). Here a
+tournament of one-warp programs (a warp reduces with shuffles alone: no shared memory, no
+barrier in the K rounds):
 
-1. `_chunk_topk_kernel`, one program per (row, chunk of CHUNK tokens): the chunk's K
-   smallest keys, K rounds of a min-reduction over the chunk held in registers;
-2. `_merge_topk_kernel`, one program per row: the K smallest of the row's chunk winners,
-   written as token ids.
+1. `_leaf_topk_kernel`, one program per (row, LEAF_CHUNK tokens): the chunk's K smallest
+   keys, K rounds of a min-reduction over the chunk in registers;
+2. `_merge_topk_kernel`, one program per (row, MERGE_CHUNK winners), as many levels as it
+   takes to leave one list: the K smallest of its candidates; the last level writes token
+   ids.
 
 The key of token i with log-probability x is `bits(|x|) * V + i` (int64, non-negative):
 ascending key order is |x| ascending (x descending, log-softmax never exceeds 0; -0.0 and
 0.0 tie), then the token id ascending - the order `_stable_topk`'s key gives, so the same
 tokens in the same order (tests/kernels/test_vocab_topk.py, ties and -inf included).
+Lease 14 (H200, graph replay, 15 depths x 49,152, K = 16) measured a first version with
+four-warp programs of 2,048 tokens at 19.4 us against torch's 99.4 (72 / 270 at 120 rows)
+and slower than torch from K = 127.
 """
 
 from __future__ import annotations
@@ -27,25 +33,29 @@ from torch import Tensor
 
 from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 
-MIN_CHUNK = 2048  # tokens per chunk program at least
-MAX_CANDIDATES = 4096  # chunk winners per row that the merge program holds at most
-MAX_K = 64  # beyond this the K rounds cost more than torch.topk's passes (H200, lease 14)
+LEAF_CHUNK = 512  # tokens per leaf program (16 a lane of one warp)
+MERGE_CHUNK = 2048  # candidate keys per merge program at most
+MAX_K = 64  # the K rounds are serial: beyond this torch.topk's passes win (lease 14)
 _INT64_MAX = 2**63 - 1
 
 
 @triton.jit
-def _k_smallest(keys, out_ptr, k):
-    """Stores the k smallest of `keys` (unique int64, padding INT64_MAX) at out_ptr[0..k),
-    ascending; k rounds of a min-reduction."""
-    for i in range(k):
+def _k_smallest(keys, K: tl.constexpr, K_PAD: tl.constexpr):
+    """The K smallest of `keys` (unique int64, padding INT64_MAX), ascending, in a (K_PAD,)
+    tensor (INT64_MAX past K): K rounds of a min-reduction."""
+    slots = tl.arange(0, K_PAD)
+    picked = tl.full([K_PAD], 9223372036854775807, tl.int64)
+    for i in range(K):
         smallest = tl.min(keys, axis=0)
-        tl.store(out_ptr + i, smallest)
+        picked = tl.where(slots == i, smallest, picked)
         keys = tl.where(keys == smallest, 9223372036854775807, keys)
+    return picked
 
 
-@triton.jit(do_not_specialize=["k"])
-def _chunk_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, k, stride_row,
-                       CHUNK: tl.constexpr, USE_PDL: tl.constexpr = False):
+@triton.jit
+def _leaf_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, stride_row,
+                      CHUNK: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
+                      USE_PDL: tl.constexpr = False):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -54,30 +64,40 @@ def _chunk_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, k, stride_row,
     logp = tl.load(logp_ptr + row * stride_row + token, mask=inside, other=0.0)
     magnitude = (logp.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
     keys = tl.where(inside, magnitude * vocab + token, 9223372036854775807)
-    _k_smallest(keys, keys_ptr + (row * num_chunks + chunk) * k, k)
+    slots = tl.arange(0, K_PAD)
+    tl.store(keys_ptr + (row * num_chunks + chunk) * K + slots, _k_smallest(keys, K, K_PAD),
+             mask=slots < K)
 
 
-@triton.jit(do_not_specialize=["k"])
-def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, k,
-                       CANDIDATES: tl.constexpr, USE_PDL: tl.constexpr = False):
+@triton.jit
+def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, num_chunks,
+                       CHUNK: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
+                       FINAL: tl.constexpr, USE_PDL: tl.constexpr = False):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
-    index = tl.arange(0, CANDIDATES)
+    chunk = tl.program_id(1)
+    index = chunk * CHUNK + tl.arange(0, CHUNK)
     keys = tl.load(keys_ptr + row * num_candidates + index, mask=index < num_candidates,
                    other=9223372036854775807)
-    for i in range(k):
-        smallest = tl.min(keys, axis=0)
-        tl.store(out_ptr + row * k + i, smallest % vocab)  # keys are >= 0: the token id
-        keys = tl.where(keys == smallest, 9223372036854775807, keys)
+    picked = _k_smallest(keys, K, K_PAD)
+    slots = tl.arange(0, K_PAD)
+    if FINAL:  # keys are >= 0: the remainder is the token id
+        tl.store(out_ptr + row * K + slots, picked % vocab, mask=slots < K)
+    else:
+        tl.store(out_ptr + (row * num_chunks + chunk) * K + slots, picked, mask=slots < K)
 
 
-def chunk_size(vocab: int, k: int) -> int:
-    """Tokens per chunk program: at least MIN_CHUNK, and enough that the row's chunk
-    winners (one K per chunk) fit the merge program's MAX_CANDIDATES."""
-    chunk = MIN_CHUNK
-    while triton.cdiv(vocab, chunk) * k > MAX_CANDIDATES:
-        chunk *= 2
-    return chunk
+def levels(vocab: int, k: int) -> list[tuple[int, int]]:
+    """(programs per row, chunk) of each launch: the leaves, then the merges."""
+    out = [(triton.cdiv(vocab, LEAF_CHUNK), LEAF_CHUNK)]
+    candidates = out[0][0] * k
+    while True:
+        num_chunks = triton.cdiv(candidates, MERGE_CHUNK)
+        out.append((num_chunks, MERGE_CHUNK if num_chunks > 1
+                    else triton.next_power_of_2(candidates)))
+        if num_chunks == 1:
+            return out
+        candidates = num_chunks * k
 
 
 def supports(vocab: int, k: int) -> bool:
@@ -100,16 +120,18 @@ def stable_topk(logp: Tensor, k: int) -> Tensor:
     out = torch.empty((*logp.shape[:-1], k), dtype=torch.int64, device=logp.device)
     if num_rows == 0:
         return out
-    chunk = chunk_size(vocab, k)
-    num_chunks = triton.cdiv(vocab, chunk)
-    keys = torch.empty((num_rows, num_chunks, k), dtype=torch.int64, device=logp.device)
-    pdl = use_pdl(logp)
-    _chunk_topk_kernel[(num_rows, num_chunks)](
-        rows, keys, vocab, num_chunks, k, rows.stride(0), CHUNK=chunk, USE_PDL=pdl,
-        num_warps=8 if chunk > MIN_CHUNK else 4, **launch_kwargs(pdl))
-    num_candidates = num_chunks * k
-    _merge_topk_kernel[(num_rows,)](
-        keys, out, vocab, num_candidates, k,
-        CANDIDATES=triton.next_power_of_2(num_candidates), USE_PDL=pdl,
-        num_warps=8 if num_candidates > 1024 else 4, **launch_kwargs(pdl))
+    (num_leaves, leaf), *merges = levels(vocab, k)
+    pdl, k_pad = use_pdl(logp), triton.next_power_of_2(k)
+    keys = torch.empty((num_rows, num_leaves, k), dtype=torch.int64, device=logp.device)
+    _leaf_topk_kernel[(num_rows, num_leaves)](
+        rows, keys, vocab, num_leaves, rows.stride(0), CHUNK=leaf, K=k, K_PAD=k_pad,
+        USE_PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+    for num_chunks, chunk in merges:
+        final = num_chunks == 1
+        dest = out if final else torch.empty((num_rows, num_chunks, k), dtype=torch.int64,
+                                             device=logp.device)
+        _merge_topk_kernel[(num_rows, num_chunks)](
+            keys, dest, vocab, keys.shape[1] * k, num_chunks, CHUNK=chunk, K=k, K_PAD=k_pad,
+            FINAL=final, USE_PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+        keys = dest
     return out

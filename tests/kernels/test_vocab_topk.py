@@ -1,7 +1,7 @@
-"""The two-kernel vocabulary top-K gives `_stable_topk`'s tokens in its order: the k most
+"""The vocabulary top-K kernels give `_stable_topk`'s tokens in its order: the k most
 probable first, ties to the lower token id (exact ties from integer logits, -0.0 against
-0.0, -inf), vocabularies that are not a multiple of the chunk, k from 1 to MAX_K, chunk
-sizes that grow with k, and inside `build_round_tree`."""
+0.0, -inf), vocabularies that are not a multiple of a chunk, k from 1 to MAX_K, one to
+three levels of merges, and inside `build_round_tree`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def check(logp: torch.Tensor, k: int) -> None:
 
 
 @pytest.mark.parametrize(("vocab", "k"), [(500, 1), (500, 16), (4099, 16), (3000, 63),
-                                          (6000, 127)])
+                                          (9000, 64)])
 def test_random_log_probabilities(vocab: int, k: int) -> None:
     gen = torch.Generator().manual_seed(vocab + k)
     check(torch.log_softmax(3 * torch.randn(2, 3, vocab, generator=gen), dim=-1), k)
@@ -42,20 +42,24 @@ def test_signed_zero_and_minus_infinity() -> None:
     check(logp, 6)
 
 
-def test_the_chunk_grows_so_the_merge_holds_every_winner() -> None:
-    assert vocab_topk.chunk_size(49152, 16) == vocab_topk.MIN_CHUNK
-    for vocab, k in ((49152, 127), (151936, 127), (151936, 256)):
-        chunk = vocab_topk.chunk_size(vocab, k)
-        assert -(-vocab // chunk) * k <= vocab_topk.MAX_CANDIDATES
+def test_merge_levels_until_one_list() -> None:
+    """Leaves of LEAF_CHUNK tokens, then merges of MERGE_CHUNK winners until one list; a
+    case with two levels of merges is checked end to end."""
+    assert vocab_topk.levels(49152, 16) == [(96, 512), (1, 2048)]
+    assert vocab_topk.levels(49152, 64) == [(96, 512), (3, 2048), (1, 256)]
+    assert vocab_topk.levels(151936, 64)[-1][0] == 1
     gen = torch.Generator().manual_seed(3)
-    check(torch.log_softmax(torch.randn(1, 20000, generator=gen), dim=-1), 256)
+    logp = torch.log_softmax(torch.randn(1, 40000, generator=gen), dim=-1)
+    assert len(vocab_topk.levels(40000, 64)) == 3
+    check(logp, 64)
 
 
 def test_supports() -> None:
-    assert vocab_topk.supports(49152, 127)
+    assert vocab_topk.supports(49152, 63)
     assert not vocab_topk.supports(49152, 0)
     assert not vocab_topk.supports(10, 11)
-    assert not vocab_topk.supports(200_000, vocab_topk.MAX_K + 1)
+    assert vocab_topk.supports(151936, vocab_topk.MAX_K)
+    assert not vocab_topk.supports(151936, vocab_topk.MAX_K + 1)
 
 
 def test_the_round_tree_builds_on_it() -> None:
