@@ -36,26 +36,31 @@ from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 LEAF_CHUNK = 512  # tokens per leaf program (16 a lane of one warp)
 MERGE_CHUNK = 2048  # candidate keys per merge program at most
 MAX_K = 64  # the K rounds are serial: beyond this torch.topk's passes win (lease 14)
-_INT64_MAX = 2**63 - 1
+BITONIC = True  # bitonic top-K (tl.topk) rather than K rounds of a max-reduction
+_INT64_MIN = -(2**63)
 
 
 @triton.jit
-def _k_smallest(keys, K: tl.constexpr, K_PAD: tl.constexpr):
-    """The K smallest of `keys` (unique int64, padding INT64_MAX), ascending, in a (K_PAD,)
-    tensor (INT64_MAX past K): K rounds of a min-reduction."""
-    slots = tl.arange(0, K_PAD)
-    picked = tl.full([K_PAD], 9223372036854775807, tl.int64)
-    for i in range(K):
-        smallest = tl.min(keys, axis=0)
-        picked = tl.where(slots == i, smallest, picked)
-        keys = tl.where(keys == smallest, 9223372036854775807, keys)
+def _best(keys, K: tl.constexpr, K_PAD: tl.constexpr, BITONIC: tl.constexpr):
+    """The K_PAD largest of `keys` (unique int64, padding INT64_MIN), largest first: a
+    bitonic top-K (log2(K_PAD) sorting stages, then halvings) or K rounds of a
+    max-reduction (INT64_MIN past K)."""
+    if BITONIC:
+        picked = tl.topk(keys, K_PAD)
+    else:
+        slots = tl.arange(0, K_PAD)
+        picked = tl.full([K_PAD], -9223372036854775808, tl.int64)
+        for i in range(K):
+            largest = tl.max(keys, axis=0)
+            picked = tl.where(slots == i, largest, picked)
+            keys = tl.where(keys == largest, -9223372036854775808, keys)
     return picked
 
 
 @triton.jit
 def _leaf_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, stride_row,
                       CHUNK: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
-                      USE_PDL: tl.constexpr = False):
+                      BITONIC: tl.constexpr, USE_PDL: tl.constexpr = False):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -63,41 +68,45 @@ def _leaf_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, stride_row,
     inside = token < vocab
     logp = tl.load(logp_ptr + row * stride_row + token, mask=inside, other=0.0)
     magnitude = (logp.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-    keys = tl.where(inside, magnitude * vocab + token, 9223372036854775807)
+    # larger is better: -1 - (bits(|x|) * V + i) (the key's one's complement)
+    keys = tl.where(inside, -1 - (magnitude * vocab + token), -9223372036854775808)
     slots = tl.arange(0, K_PAD)
-    tl.store(keys_ptr + (row * num_chunks + chunk) * K + slots, _k_smallest(keys, K, K_PAD),
-             mask=slots < K)
+    tl.store(keys_ptr + (row * num_chunks + chunk) * K_PAD + slots,
+             _best(keys, K, K_PAD, BITONIC))
 
 
 @triton.jit
 def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, num_chunks,
                        CHUNK: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
-                       FINAL: tl.constexpr, USE_PDL: tl.constexpr = False):
+                       BITONIC: tl.constexpr, FINAL: tl.constexpr,
+                       USE_PDL: tl.constexpr = False):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     index = chunk * CHUNK + tl.arange(0, CHUNK)
     keys = tl.load(keys_ptr + row * num_candidates + index, mask=index < num_candidates,
-                   other=9223372036854775807)
-    picked = _k_smallest(keys, K, K_PAD)
+                   other=-9223372036854775808)
+    picked = _best(keys, K, K_PAD, BITONIC)
     slots = tl.arange(0, K_PAD)
-    if FINAL:  # keys are >= 0: the remainder is the token id
-        tl.store(out_ptr + row * K + slots, picked % vocab, mask=slots < K)
+    if FINAL:  # -1 - key >= 0: its remainder is the token id
+        tl.store(out_ptr + row * K + slots, (-1 - picked) % vocab, mask=slots < K)
     else:
-        tl.store(out_ptr + (row * num_chunks + chunk) * K + slots, picked, mask=slots < K)
+        tl.store(out_ptr + (row * num_chunks + chunk) * K_PAD + slots, picked)
 
 
 def levels(vocab: int, k: int) -> list[tuple[int, int]]:
-    """(programs per row, chunk) of each launch: the leaves, then the merges."""
+    """(programs per row, chunk) of each launch: the leaves, then the merges (each leaf
+    and merge program passes on next_power_of_2(k) keys)."""
+    k_pad = triton.next_power_of_2(k)
     out = [(triton.cdiv(vocab, LEAF_CHUNK), LEAF_CHUNK)]
-    candidates = out[0][0] * k
+    candidates = out[0][0] * k_pad
     while True:
         num_chunks = triton.cdiv(candidates, MERGE_CHUNK)
         out.append((num_chunks, MERGE_CHUNK if num_chunks > 1
                     else triton.next_power_of_2(candidates)))
         if num_chunks == 1:
             return out
-        candidates = num_chunks * k
+        candidates = num_chunks * k_pad
 
 
 def supports(vocab: int, k: int) -> bool:
@@ -106,10 +115,11 @@ def supports(vocab: int, k: int) -> bool:
     return 1 <= k <= min(MAX_K, vocab) and vocab < (1 << 31)
 
 
-def stable_topk(logp: Tensor, k: int) -> Tensor:
+def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None) -> Tensor:
     """Indices (..., k) int64 of the k largest values along the last dim of a float32
     logp (..., V) of log-probabilities (<= 0), largest first, ties to the lower index:
-    `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs)."""
+    `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs).
+    `bitonic`: the selection (default BITONIC; the other is K max-reduction rounds)."""
     assert logp.dtype == torch.float32, logp.dtype
     vocab = logp.shape[-1]
     assert supports(vocab, k), (vocab, k)
@@ -122,16 +132,18 @@ def stable_topk(logp: Tensor, k: int) -> Tensor:
         return out
     (num_leaves, leaf), *merges = levels(vocab, k)
     pdl, k_pad = use_pdl(logp), triton.next_power_of_2(k)
-    keys = torch.empty((num_rows, num_leaves, k), dtype=torch.int64, device=logp.device)
+    bitonic = BITONIC if bitonic is None else bitonic
+    keys = torch.empty((num_rows, num_leaves, k_pad), dtype=torch.int64, device=logp.device)
     _leaf_topk_kernel[(num_rows, num_leaves)](
         rows, keys, vocab, num_leaves, rows.stride(0), CHUNK=leaf, K=k, K_PAD=k_pad,
-        USE_PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+        BITONIC=bitonic, USE_PDL=pdl, num_warps=1, **launch_kwargs(pdl))
     for num_chunks, chunk in merges:
         final = num_chunks == 1
-        dest = out if final else torch.empty((num_rows, num_chunks, k), dtype=torch.int64,
+        dest = out if final else torch.empty((num_rows, num_chunks, k_pad), dtype=torch.int64,
                                              device=logp.device)
         _merge_topk_kernel[(num_rows, num_chunks)](
-            keys, dest, vocab, keys.shape[1] * k, num_chunks, CHUNK=chunk, K=k, K_PAD=k_pad,
-            FINAL=final, USE_PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+            keys, dest, vocab, keys.shape[1] * k_pad, num_chunks, CHUNK=chunk, K=k,
+            K_PAD=k_pad, BITONIC=bitonic, FINAL=final, USE_PDL=pdl, num_warps=1,
+            **launch_kwargs(pdl))
         keys = dest
     return out

@@ -1,6 +1,7 @@
-"""Benchmark: the drafter's vocabulary top-K, the two Triton kernels against
-`_stable_topk` (torch.topk over int64 keys), at the demo drafter's 15 depths and the
-demo / Qwen3 vocabularies, batch 1 and 8, the policy's tree sizes."""
+"""Benchmark: the drafter's vocabulary top-K, the Triton kernels (bitonic selection, and
+K max-reduction rounds: " rounds") against `_stable_topk` (torch.topk over int64 keys), at
+the demo drafter's 15 depths and the demo / Qwen3 vocabularies, batch 1 and 8, the
+policy's tree sizes."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ def bench_vocab_topk(device: torch.device, vocabs: dict[str, int] = VOCABS,
         for batch in batches:
             logp = torch.randn(batch, DEPTHS, vocab, device=device).log_softmax(-1)
             for k in ks:
-                times = compare(lambda x=logp, k=k: stable_topk(x, k),
-                                lambda x=logp, k=k: _stable_topk(x, k), device)
-                rows.append({"kernel": "vocab_topk", "case": f"{name} V={vocab} K={k}",
-                             "T": batch * DEPTHS, "floor_us": floor_us(logp.numel() * 4),
-                             **times})
+                for label, bitonic in (("", True), (" rounds", False)):
+                    times = compare(lambda x=logp, k=k, b=bitonic: stable_topk(x, k, b),
+                                    lambda x=logp, k=k: _stable_topk(x, k), device)
+                    rows.append({"kernel": "vocab_topk", "case": f"{name} V={vocab} K={k}{label}",
+                                 "T": batch * DEPTHS, "floor_us": floor_us(logp.numel() * 4),
+                                 **times})
     return rows
 
 
