@@ -14,7 +14,8 @@ union index), takes the first N and remaps parents to node indices.
 Every score is the same float32 sum as in PyTorch (the depth's log-probability added to
 the parent's score, in the same order) and every order is the same total order, so the
 trees are bitwise those of `build_round_tree` (tests/kernels/test_tree_build.py). The
-vocabulary part stays in PyTorch (log-softmax, the stable top-K over the vocabulary).
+vocabulary part is the log-softmax (PyTorch) and the stable top-K over the vocabulary
+(`ddtree.kernels.vocab_topk`, or torch.topk beyond its K).
 """
 
 from __future__ import annotations

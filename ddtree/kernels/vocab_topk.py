@@ -36,7 +36,7 @@ from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 LEAF_CHUNK = 512  # tokens per leaf program (16 a lane of one warp)
 MERGE_CHUNK = 2048  # candidate keys per merge program at most
 MAX_K = 64  # the K rounds are serial: beyond this torch.topk's passes win (lease 14)
-BITONIC = True  # bitonic top-K (tl.topk) rather than K rounds of a max-reduction
+BITONIC_FROM_K = 17  # bitonic top-K (tl.topk) from this K, K max-reduction rounds below
 _INT64_MIN = -(2**63)
 
 
@@ -119,7 +119,7 @@ def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None) -> Tensor:
     """Indices (..., k) int64 of the k largest values along the last dim of a float32
     logp (..., V) of log-probabilities (<= 0), largest first, ties to the lower index:
     `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs).
-    `bitonic`: the selection (default BITONIC; the other is K max-reduction rounds)."""
+    `bitonic`: the selection (default: from BITONIC_FROM_K; else K max-reduction rounds)."""
     assert logp.dtype == torch.float32, logp.dtype
     vocab = logp.shape[-1]
     assert supports(vocab, k), (vocab, k)
@@ -132,7 +132,7 @@ def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None) -> Tensor:
         return out
     (num_leaves, leaf), *merges = levels(vocab, k)
     pdl, k_pad = use_pdl(logp), triton.next_power_of_2(k)
-    bitonic = BITONIC if bitonic is None else bitonic
+    bitonic = k >= BITONIC_FROM_K if bitonic is None else bitonic
     keys = torch.empty((num_rows, num_leaves, k_pad), dtype=torch.int64, device=logp.device)
     _leaf_topk_kernel[(num_rows, num_leaves)](
         rows, keys, vocab, num_leaves, rows.stride(0), CHUNK=leaf, K=k, K_PAD=k_pad,

@@ -147,7 +147,11 @@
 #           ar / tree@16, then `ddtree serve --colocate-drafter` ar / tree@16 / auto (auto
 #           now judges ar by ar's traffic rounds), c1 and c8, every sample against ar
 #   call 54 (warm after 53) the same through the three processes
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|54   (results under $OUT)
+#   call 55 (warm after 54) in process ar / tree@32 / auto, 160 requests, c1 and c8
+#   call 56 (after 0 alone) call 52's kernel checks and timings (`check_kernels.py --only
+#           vocab_topk`), both selections (bitonic and K rounds) side by side
+#   call 57 (after 1-3 on 56's machine) call 52's speed stage, the selection chosen by K
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|57   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -293,11 +297,22 @@ PY
 }
 
 case "${1:?call number}" in
-52)
+56)
+  timeout 200 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
+    | tail -16
+  ;;
+55)
   [ -f $T/config.json ] || stage_target
-  mark "check_kernels vocab_topk"
-  timeout 120 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
-    | tail -14
+  NUM=160 BENCH_TIMEOUT=300 bench_inprocess ar,tree,auto 32 "$OUT/report_inprocess_b.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess_b.json" | tail -1 | cut -c1-200
+  ;;
+52|57)
+  [ -f $T/config.json ] || stage_target
+  if [ "$1" = 52 ]; then
+    mark "check_kernels vocab_topk"
+    timeout 120 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
+      | tail -14
+  fi
   mark "engine_bench speed"
   timeout 400 python3 scripts/gpu/engine_bench.py --stages speed \
     --speed-modes ar,tree@16,tree@32 --speed-variants "plain,torch top-K" --target $T \
