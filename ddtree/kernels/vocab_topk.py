@@ -6,22 +6,24 @@ tokens of every (row, depth), most probable first, ties to the lower token id - 
 passes over 64-bit keys (three kernels each, plus the key's own elementwise kernel): on the
 H200 ~0.07 ms of a ~1.6 ms tree round at batch 1 and ~0.18 ms of ~2.5 at batch 8 (lease 12,
 call 47: the drafter's top-K was the third cost that grows with the batch). Here a
-tournament of one-warp programs (a warp reduces with shuffles alone: no shared memory, no
-barrier in the K rounds):
+tournament of one-warp programs (a warp reduces with shuffles alone, no shared memory):
 
-1. `_leaf_topk_kernel`, one program per (row, LEAF_CHUNK tokens): the chunk's K smallest
-   keys, K rounds of a min-reduction over the chunk in registers;
+1. `_leaf_topk_kernel`, one program per (row, LEAF_CHUNK tokens): the chunk's best
+   next_power_of_2(K) keys, in registers;
 2. `_merge_topk_kernel`, one program per (row, MERGE_CHUNK winners), as many levels as it
-   takes to leave one list: the K smallest of its candidates; the last level writes token
-   ids.
+   takes to leave one list: the best of its candidates; the last level writes token ids.
 
-The key of token i with log-probability x is `bits(|x|) * V + i` (int64, non-negative):
-ascending key order is |x| ascending (x descending, log-softmax never exceeds 0; -0.0 and
-0.0 tie), then the token id ascending - the order `_stable_topk`'s key gives, so the same
-tokens in the same order (tests/kernels/test_vocab_topk.py, ties and -inf included).
-Lease 14 (H200, graph replay, 15 depths x 49,152, K = 16) measured a first version with
-four-warp programs of 2,048 tokens at 19.4 us against torch's 99.4 (72 / 270 at 120 rows)
-and slower than torch from K = 127.
+Inside a program the selection is K rounds of a max-reduction below BITONIC_FROM_K, and
+Triton's bitonic top-K (tl.topk) from there: on the H200 (lease 14, graph replay, 15 depths
+x 49,152 tokens) K = 16 took 21.0 us by rounds and 35.8 bitonic, K = 63 87.6 and 50.5,
+against torch.topk's 98.7 and 104.5 (71 / 87 against 273 at 120 rows for K = 16). Beyond
+MAX_K torch.topk stays (a first version ran K = 127 slower than it).
+
+The key of token i with log-probability x is `-1 - (bits(|x|) * V + i)` (int64, padding
+INT64_MIN): descending key order is |x| ascending (x descending, log-softmax never exceeds
+0; -0.0 and 0.0 tie), then the token id ascending - the order `_stable_topk`'s key gives,
+so the same tokens in the same order (tests/kernels/test_vocab_topk.py, ties and -inf
+included).
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 
 LEAF_CHUNK = 512  # tokens per leaf program (16 a lane of one warp)
 MERGE_CHUNK = 2048  # candidate keys per merge program at most
-MAX_K = 64  # the K rounds are serial: beyond this torch.topk's passes win (lease 14)
+MAX_K = 64  # beyond it torch.topk (a K = 127 of the first version lost to it, lease 14)
 BITONIC_FROM_K = 17  # bitonic top-K (tl.topk) from this K, K max-reduction rounds below
-_INT64_MIN = -(2**63)
 
 
 @triton.jit
