@@ -55,7 +55,8 @@ async def run_load(
     settings: RequestSettings, num_requests: int | None, duration_s: float | None,
     repeat: int = 0, seed: int = 0, on_sample: OnSample | None = None,
 ) -> RunResult:
-    start, cpu = time.perf_counter(), time.process_time()
+    client_cpu = _client_cpu(target)
+    start, cpu = time.perf_counter(), client_cpu()
     schedule = _Schedule(len(prompts), num_requests, duration_s)
     samples: list[RequestSample] = []
 
@@ -77,7 +78,18 @@ async def run_load(
     else:
         await _poisson(one, schedule, load, random.Random(seed * 1000 + repeat))
     return RunResult(repeat, start, time.perf_counter() - start, samples,
-                     time.process_time() - cpu)
+                     client_cpu() - cpu)
+
+
+def _client_cpu(target: Target) -> Callable[[], float]:
+    """A clock of the busiest client process's CPU seconds: this process's, or for a
+    target that sends from several processes (`client_cpu_s`: one figure per process)
+    the largest of their CPU seconds since this call."""
+    per_process = getattr(target, "client_cpu_s", None)
+    if per_process is None:
+        return time.process_time
+    base = per_process()
+    return lambda: max(now - then for now, then in zip(per_process(), base, strict=True))
 
 
 async def _poisson(one: Callable[[int], Awaitable[None]], schedule: _Schedule, load: LoadPoint,

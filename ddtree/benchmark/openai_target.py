@@ -86,6 +86,7 @@ class OpenAITarget:
                  extra_body: dict[str, Any] | None = None) -> None:
         self.name = name
         self.base_url = url.rstrip("/").removesuffix("/v1")
+        self.api_key, self.timeout_s = api_key, timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s),

@@ -99,7 +99,7 @@ async def _measure(row: BenchRow, target: Target, prompts: list[BenchPrompt],
         if row.target not in IN_PROCESS_TARGETS and cores >= CLIENT_BOUND_CORES:
             print(f"note: {name} run {repeat + 1}: the benchmark client used {cores:.2f} "
                   "cores; one Python client near a full core may bound these figures "
-                  "(run several clients and add their throughputs)", file=sys.stderr)
+                  "(--client-processes N sends from N processes)", file=sys.stderr)
 
 
 async def run_bench(plans: Sequence[TargetPlan], prompt_sets: dict[str, list[BenchPrompt]],

@@ -63,6 +63,9 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--extra-body", type=json.loads, default={},
                        help="JSON merged into every request body (e.g. chat_template_kwargs)")
     group.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    group.add_argument("--client-processes", type=int, default=1,
+                       help="with --url: client processes that share each run's requests "
+                       "(one Python client streaming events tops out near a core)")
     group.add_argument("--baseline", choices=("hf",), help="also run transformers' generate "
                        "(static cache, greedy) on the same prompts")
     group.add_argument("--baseline-compile", action="store_true",
@@ -171,6 +174,10 @@ def print_results(rows: list[BenchRow], args: argparse.Namespace, config: BenchC
 
 
 async def _run(args: argparse.Namespace) -> int:
+    if args.client_processes < 1:
+        raise InvalidArgumentError(f"--client-processes must be >= 1, got {args.client_processes}")
+    if args.client_processes > 1 and not (args.url or args.baseline_url):
+        raise InvalidArgumentError("--client-processes needs --url (or --baseline-url)")
     config = config_from_args(args)
     plans, prompt_sets = await build_plans(args, config, sources_from_args(args))
     try:

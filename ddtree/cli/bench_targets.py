@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ddtree.benchmark.client_pool import ClientPool
 from ddtree.benchmark.config import HF_MODE, SERVER_MODE, BenchConfig, LoadPoint, SpecPoint
 from ddtree.benchmark.inprocess import InProcessTarget
 from ddtree.benchmark.openai_target import OpenAITarget
@@ -22,9 +23,12 @@ def _tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-async def _server(args: argparse.Namespace, url: str, name: str, model: str | None) -> OpenAITarget:
+async def _server(args: argparse.Namespace, url: str, name: str,
+                  model: str | None) -> OpenAITarget | ClientPool:
     target = OpenAITarget(url, name, model, args.api_key, args.timeout, args.extra_body)
     await target.start()
+    if args.client_processes > 1:
+        return ClientPool(target, args.client_processes)
     return target
 
 

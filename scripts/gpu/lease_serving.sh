@@ -151,7 +151,10 @@
 #   call 56 (after 0 alone) call 52's kernel checks and timings (`check_kernels.py --only
 #           vocab_topk`), both selections (bitonic and K rounds) side by side
 #   call 57 (after 1-3 on 56's machine) call 52's speed stage, the selection chosen by K
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|57   (results under $OUT)
+#   call 58 (after 0-3; written in the twelfth session, not yet run) calls 53's colocated
+#           and 54's three-process points again with two client processes (`ddtree bench
+#           --client-processes 2`: at ar c8 one client used 0.9 of a core in lease 14)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|58   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -250,7 +253,7 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
     grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
     timeout "${BENCH_TIMEOUT:-170}" python3 -m ddtree.cli bench --url http://127.0.0.1:8000 \
       --prompts humaneval --num-prompts "${NUM:-40}" --num-requests "${NUM:-40}" \
-      --max-tokens 256 --no-progress "$@" \
+      --max-tokens 256 --no-progress --client-processes "${CLIENTS:-1}" "$@" \
       --json-out "$OUT/report_$placement.json" 2>&1 | grep humaneval
     python3 scripts/gpu/ar_mismatches.py "$OUT/report_$placement.json" | tail -1 | cut -c1-300
     kill $S; wait $S 2>/dev/null
@@ -297,6 +300,12 @@ PY
 }
 
 case "${1:?call number}" in
+58)
+  [ -f $T/config.json ] || stage_target
+  NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench "colocated services" \
+    --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
 56)
   timeout 200 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
     | tail -16

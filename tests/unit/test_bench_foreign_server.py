@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ddtree.benchmark.report import schema
 from ddtree.cli import main
 
 WORDS = ("Hello", " from", " elsewhere")
@@ -90,3 +92,33 @@ def test_a_foreign_server_row_has_usage_tokens_and_unknown_acceptance(
         assert sample["ttft_s"] < sample["e2e_s"]
     line = stdout.getvalue().splitlines()[2]
     assert line.split()[4] == "?"  # tau column: unknown
+
+
+def test_client_processes_share_the_requests(foreign_url: str, tmp_path: Path) -> None:
+    """--client-processes 2: every request answered by one of two child processes, timed
+    on the host's shared clock (the run's requests overlap as the concurrency says), the
+    same samples as one client."""
+    out = tmp_path / "pool.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["bench", "--url", foreign_url, "--preset", "seed", "--concurrency", "4",
+                     "--num-requests", "8", "--warmup", "0", "--client-processes", "2",
+                     "--no-progress", "--json-out", str(out)]) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    jsonschema.validate(report, schema())
+    assert report["config"]["targets"]["url"]["client_processes"] == 2
+    (row,) = report["rows"]
+    assert row["num_failed"] == 0 and len(row["samples"]) == 8
+    for sample in row["samples"]:
+        assert sample["completion_tokens"] == USAGE_TOKENS
+        assert sample["text"] == "".join(WORDS)
+        assert 0 <= sample["start_s"] and sample["ttft_s"] < sample["e2e_s"]
+    # 8 requests of ~3 chunk gaps each, 4 at a time: two waves, not eight one after another
+    assert row["wall_s"]["median"] < 8 * len(WORDS) * CHUNK_GAP_S
+    # the busiest child's CPU, reported with its samples (a child spends some on each)
+    (run,) = row["runs"]
+    assert 0 < run["client_cores"] < 1
+
+
+def test_client_processes_need_a_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--client-processes", "2", "--modes", "ar", "--no-progress"]) == 2
+    assert "--client-processes needs --url" in capsys.readouterr().err
