@@ -1,7 +1,7 @@
 """The vocabulary top-K kernels give `_stable_topk`'s tokens in its order: the k most
 probable first, ties to the lower token id (exact ties from integer logits, -0.0 against
-0.0, -inf), vocabularies that are not a multiple of a chunk, k from 1 to MAX_K, one to
-three levels of merges, and inside `build_round_tree`."""
+0.0, -inf), vocabularies that are not a multiple of a chunk, k from 1 to MAX_K, one or
+two levels of merges, and inside `build_round_tree`."""
 
 from __future__ import annotations
 
