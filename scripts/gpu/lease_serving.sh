@@ -682,7 +682,9 @@ PY
   (cd "$OUT" && tar -cf services.tar serve*.log metrics*.txt && rm -f serve*.log metrics*.txt)
   mark done
   ;;
-0)  # carry .whl alone (lease 11: the 39 MB repository + a quarter + the wheels passed 64 MiB)
+0)  # carry .whl alone (lease 11: the 39 MB repository + a quarter + the wheels passed 64 MiB;
+  # lease 14: the repository + a quarter is ~63.3 MiB, so raw results go in trimmed: reports
+  # without their samples, logs gzipped)
   ls /tmp/site | head -3
   ;;
 1|2|3)
