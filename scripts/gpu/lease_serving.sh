@@ -683,7 +683,7 @@ PY
   mark done
   ;;
 0)  # carry .whl alone (lease 11: the 39 MB repository + a quarter + the wheels passed 64 MiB;
-  # lease 14: the repository + a quarter is ~63.3 MiB, so raw results go in trimmed: reports
+  # lease 14: the repository + a quarter is ~62.8 MiB, so raw results go in trimmed: reports
   # without their samples, logs gzipped)
   ls /tmp/site | head -3
   ;;
