@@ -404,7 +404,7 @@ def run_benchmarks(report: Report, device: torch.device, quick: bool,
                                                               (1,)),
             "silu_mul": lambda: bench_swiglu.bench_silu_mul(device, {"tiny": 64}, (1,)),
             "vocab_topk": lambda: bench_vocab_topk.bench_vocab_topk(
-                device, {"tiny": 700}, (1,), (16,))}
+                device, {"tiny": 700}, (1,), (16,), (("", None),))}
     else:
         shapes = {**bench_matmul.SMOLLM2_LINEARS, **bench_matmul.QWEN3_LINEARS}
         benches = {

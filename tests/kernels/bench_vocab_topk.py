@@ -18,14 +18,15 @@ DEPTHS = 15
 
 
 def bench_vocab_topk(device: torch.device, vocabs: dict[str, int] = VOCABS,
-                     batches: tuple[int, ...] = BATCHES, ks: tuple[int, ...] = KS
-                     ) -> list[dict]:
+                     batches: tuple[int, ...] = BATCHES, ks: tuple[int, ...] = KS,
+                     selections: tuple[tuple[str, bool | None], ...] = (
+                         ("", True), (" rounds", False))) -> list[dict]:
     rows = []
     for name, vocab in vocabs.items():
         for batch in batches:
             logp = torch.randn(batch, DEPTHS, vocab, device=device).log_softmax(-1)
             for k in ks:
-                for label, bitonic in (("", True), (" rounds", False)):
+                for label, bitonic in selections:
                     times = compare(lambda x=logp, k=k, b=bitonic: stable_topk(x, k, b),
                                     lambda x=logp, k=k: _stable_topk(x, k), device)
                     rows.append({"kernel": "vocab_topk", "case": f"{name} V={vocab} K={k}{label}",
