@@ -444,7 +444,10 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                             "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3)}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64,
-                                                        swiglu_epilogue=args.epilogue))
+                                                        swiglu_epilogue=args.epilogue,
+                                                        fused_prologues=args.fused))
+    if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
+        engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=args.fused)
     prompt = PROMPT_8B
     for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
                        ("linear", SpecParams("linear"))):
@@ -520,6 +523,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: the gate_up GEMM's SwiGLU epilogue (A/B)")
+    parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=False,
+                        help="shapes8b: the norms and SwiGLU fused into the GEMMs' prologues "
+                        "(EngineConfig.fused_prologues; A/B)")
     parser.add_argument("--linear-table", type=Path, default=None,
                         help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
                              "to run with instead of the committed one (A/B of tilings)")

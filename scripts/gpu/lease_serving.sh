@@ -151,10 +151,14 @@
 #   call 56 (after 0 alone) call 52's kernel checks and timings (`check_kernels.py --only
 #           vocab_topk`), both selections (bitonic and K rounds) side by side
 #   call 57 (after 1-3 on 56's machine) call 52's speed stage, the selection chosen by K
-#   call 58 (after 0-3; written in the twelfth session, not yet run) calls 53's colocated
-#           and 54's three-process points again with two client processes (`ddtree bench
-#           --client-processes 2`: at ar c8 one client used 0.9 of a core in lease 14)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|58   (results under $OUT)
+#   call 58 (after 0-3; written in the twelfth session) call 53's colocated point again
+#           with two client processes (`ddtree bench --client-processes 2`: at ar c8 one
+#           client used 0.9 of a core in lease 14); call 59 (warm after 58) call 54's
+#           three-process point the same way
+#   call 60 (after 0 alone: random 8B weights; thirteenth session) the Qwen3-8B shapes with
+#           and without the fused norm / SwiGLU prologues (measured slower only at the demo's
+#           launch-bound sizes, lease 5), then their kernels without dependent launches
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|60   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -300,10 +304,24 @@ PY
 }
 
 case "${1:?call number}" in
-58)
+58|59)
   [ -f $T/config.json ] || stage_target
-  NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench "colocated services" \
+  placement=$([ "$1" = 58 ] && echo colocated || echo services)
+  NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+60)
+  for fused in no-fused fused; do
+    mark "shapes8b --$fused"
+    timeout 200 python3 scripts/gpu/engine_bench.py --stages shapes8b --$fused --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${fused}_$(date +%s).json"
+  done
+  mark "profile8b, DDTREE_PDL=0"
+  DDTREE_PDL=0 timeout 150 python3 scripts/gpu/engine_bench.py --stages profile8b --target $T \
+    --humaneval $H 2>&1 | grep -v Warn | head -30
+  rm -f "$OUT"/trace8b_*.json
   mark done
   ;;
 56)
