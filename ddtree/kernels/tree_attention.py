@@ -29,6 +29,8 @@ ar step that would have produced the same token.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -107,9 +109,24 @@ def tree_attention_reference(
 # either (an ar query reaches in its first loop a block that its tree twin reaches in its
 # second; the sm_90 PTX of the two loop bodies holds the same float ops in the same order).
 
-SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 measured faster
-#   than 512 for the short contexts of decoding on the H200, 2026-12-01)
 BLOCK_N = 64  # logical positions per key block
+
+
+def _split_size() -> int:
+    """Logical positions per split: 256 (measured faster than 512 for the short contexts
+    of decoding on the H200, 2026-12-01), or `DDTREE_ATTN_SPLIT` (a multiple of BLOCK_N).
+    One value for the whole process: every query of every mode splits the same way."""
+    value = os.environ.get("DDTREE_ATTN_SPLIT", "256")
+    try:
+        split = int(value)
+    except ValueError:
+        split = 0
+    if split <= 0 or split % BLOCK_N:
+        raise ValueError(f"DDTREE_ATTN_SPLIT={value!r}: a positive multiple of {BLOCK_N}")
+    return split
+
+
+SPLIT_SIZE = _split_size()
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634

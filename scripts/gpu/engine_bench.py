@@ -275,8 +275,10 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         del engine
         set_pdl(launches_before[0])
         set_prefetch(launches_before[1])
-    rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
-    print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s", flush=True)
+    if args.hf:
+        rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
+        print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s",
+              flush=True)
     return rows
 
 
@@ -523,6 +525,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--epilogue", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: the gate_up GEMM's SwiGLU epilogue (A/B)")
+    parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
+                        help="speed stage: transformers' static-cache generate last")
     parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=False,
                         help="shapes8b: the norms and SwiGLU fused into the GEMMs' prologues "
                         "(EngineConfig.fused_prologues; A/B)")

@@ -158,7 +158,13 @@
 #   call 60 (after 0 alone: random 8B weights; thirteenth session) the Qwen3-8B shapes with
 #           and without the fused norm / SwiGLU prologues (measured slower only at the demo's
 #           launch-bound sizes, lease 5), then their kernels without dependent launches
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|60   (results under $OUT)
+#   call 61 (after 0 alone) the 8B shapes at tree attention's split sizes 256 / 128 / 64
+#           (DDTREE_ATTN_SPLIT; lease 15's 8B ar step spent 23.7 us a layer in the split
+#           kernel for one query at 512 keys: 3 splits x 8 heads, 4 serial blocks each)
+#   call 62 (after 0-3) the demo's speed stage (ar / tree@16 / tree@32) at those split sizes,
+#           transformers' static cache beside the first
+#   call 63 (warm after 62) every mode against ar at SPLITS (default 128)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|63   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -309,6 +315,37 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+61)
+  for split in 256 128 64 256; do
+    mark "shapes8b, DDTREE_ATTN_SPLIT=$split"
+    DDTREE_ATTN_SPLIT=$split timeout 150 python3 scripts/gpu/engine_bench.py --stages shapes8b \
+      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_split${split}_$(date +%s).json"
+  done
+  mark done
+  ;;
+62)
+  [ -f $T/config.json ] || stage_target
+  for split in ${SPLITS:-256 128 64}; do
+    mark "engine_bench speed, DDTREE_ATTN_SPLIT=$split"
+    mkdir -p "$OUT/split$split"
+    OUT="$OUT/split$split" DDTREE_ATTN_SPLIT=$split timeout 250 python3 scripts/gpu/engine_bench.py \
+      --stages speed --speed-modes ar,tree@16,tree@32 --speed-variants plain \
+      $([ $split = 256 ] && echo --hf || echo --no-hf) --target $T --humaneval $H 2>&1 \
+      | grep -E "tok/s|Error" | grep -v Warn
+  done
+  mark done
+  ;;
+63)
+  [ -f $T/config.json ] || stage_target
+  for split in ${SPLITS:-128}; do
+    mark "engine_bench exact, DDTREE_ATTN_SPLIT=$split"
+    mkdir -p "$OUT/split$split"
+    OUT="$OUT/split$split" DDTREE_ATTN_SPLIT=$split timeout 280 python3 scripts/gpu/engine_bench.py \
+      --stages exact --target $T --humaneval $H 2>&1 | grep -v Warn | tail -16
+  done
   mark done
   ;;
 60)
