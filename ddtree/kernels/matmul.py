@@ -29,13 +29,22 @@ from ddtree.kernels.launch import (
     use_pdl,
     wait_for_inputs,
 )
-from ddtree.kernels.prologues import NORM, a_tile, inverse_rms, silu_times, sum_squares
+from ddtree.kernels.prologues import (
+    NORM,
+    SWIGLU,
+    a_tile,
+    inverse_rms,
+    silu_times,
+    sum_squares,
+)
 
 # The operation after the dot (`_linear_kernel`'s EPILOGUE): none, or SwiGLU of a
 # [gate | up] weight - each program accumulates a gate tile and the up tile N rows below
 # it and stores silu(gate) * up, N columns wide (fused_linear.linear_swiglu).
 EPILOGUE_NONE = tl.constexpr(0)
 EPILOGUE_SWIGLU = tl.constexpr(1)
+# Shared memory a block may ask on the H200 (sm_90: 227 KB)
+SHARED_BYTES = 232_448
 
 
 def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -331,6 +340,18 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         weight.shape[0] * config.block_k * weight.element_size() * split_k, blocks_per_split)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
+    stages = config.num_stages
+    if prologue:  # a prologue's tiles take more shared memory than the plain GEMM's the
+        # tiling was tuned with: the 8B down projection's 6 stages of 64x64x128 under the
+        # SwiGLU prologue (gate and up tiles a step) asked 256 KB (lease 15). Each stage
+        # holds its A and B tiles; the float32 accumulator's layout change takes the rest
+        # (sm_90 compiles: 64x128x128 under the norm prologue is 168 KB at 3 stages, 232
+        # at 4).
+        a_tiles = 2 if prologue == SWIGLU.value else 1
+        stage_bytes = ((a_tiles * config.block_m + config.block_n) * config.block_k
+                       * x.element_size())
+        room = SHARED_BYTES - 4 * config.block_m * config.block_n - 8192
+        stages = max(2, min(stages, room // stage_bytes))
     _linear_kernel[grid](
         x, weight, bias_arg, out, part, source,
         norm_weight if norm_weight is not None else weight, h if h is not None else out,
@@ -341,7 +362,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
         EPILOGUE=epilogue, USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
-        num_stages=config.num_stages, **launch_kwargs(pdl),
+        num_stages=stages, **launch_kwargs(pdl),
     )
     if split_k > 1:
         block = 1024
