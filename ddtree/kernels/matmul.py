@@ -308,6 +308,21 @@ def check_operands(x: Tensor, weight: Tensor, bias: Tensor | None, x_width: int)
         assert bias.device == x.device, bias.device
 
 
+def pipeline_stages(config: LinearConfig, prologue: int, element_size: int) -> int:
+    """The tiling's stages, fewer where a prologue's tiles would not fit the shared memory
+    the plain GEMM's tiling was tuned with: the 8B down projection's 6 stages of 64x64x128
+    under the SwiGLU prologue (gate and up tiles a step) asked 256 KB of the H200's 227
+    (lease 15). Each stage holds its A and B tiles; the float32 accumulator's layout change
+    takes the rest (sm_90 compiles: 64x128x128 under the norm prologue needs 168 KB at 3
+    stages, 232 at 4)."""
+    if not prologue:
+        return config.num_stages
+    a_tiles = 2 if prologue == SWIGLU.value else 1
+    stage_bytes = (a_tiles * config.block_m + config.block_n) * config.block_k * element_size
+    room = SHARED_BYTES - 4 * config.block_m * config.block_n - 8192
+    return max(2, min(config.num_stages, room // stage_bytes))
+
+
 def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
                   config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
                   norm_weight: Tensor | None = None, h: Tensor | None = None,
@@ -340,18 +355,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         weight.shape[0] * config.block_k * weight.element_size() * split_k, blocks_per_split)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
-    stages = config.num_stages
-    if prologue:  # a prologue's tiles take more shared memory than the plain GEMM's the
-        # tiling was tuned with: the 8B down projection's 6 stages of 64x64x128 under the
-        # SwiGLU prologue (gate and up tiles a step) asked 256 KB (lease 15). Each stage
-        # holds its A and B tiles; the float32 accumulator's layout change takes the rest
-        # (sm_90 compiles: 64x128x128 under the norm prologue is 168 KB at 3 stages, 232
-        # at 4).
-        a_tiles = 2 if prologue == SWIGLU.value else 1
-        stage_bytes = ((a_tiles * config.block_m + config.block_n) * config.block_k
-                       * x.element_size())
-        room = SHARED_BYTES - 4 * config.block_m * config.block_n - 8192
-        stages = max(2, min(stages, room // stage_bytes))
+    stages = pipeline_stages(config, prologue, x.element_size())
     _linear_kernel[grid](
         x, weight, bias_arg, out, part, source,
         norm_weight if norm_weight is not None else weight, h if h is not None else out,

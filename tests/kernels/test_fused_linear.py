@@ -233,3 +233,26 @@ def test_a_target_gives_the_same_logits_and_features_fused_or_not(
         outputs.append(target.causal(ids, feature_layers=(0, 1, 2)))
     assert torch.equal(outputs[0].logits, outputs[1].logits)
     assert torch.equal(outputs[0].features, outputs[1].features)
+
+
+def test_prologue_pipelines_fit_the_shared_memory() -> None:
+    """A prologue GEMM keeps its tiling's stages where they fit the H200's shared memory
+    and drops the rest (the 8B down projection's SwiGLU prologue asked 256 KB at 6 stages
+    of 64x64x128, lease 15); a plain GEMM always keeps them."""
+    from ddtree.kernels.matmul import SHARED_BYTES, pipeline_stages
+    from ddtree.kernels.prologues import NORM, PLAIN, SWIGLU
+
+    down_8b = LinearConfig(64, 64, 128, 2, 4, 6)
+    qkv_8b = LinearConfig(64, 128, 128, 2, 4, 4)
+    demo = LinearConfig(64, 64, 64, 1, 4, 3)
+    assert pipeline_stages(down_8b, PLAIN.value, 2) == 6
+    assert pipeline_stages(down_8b, SWIGLU.value, 2) == 4  # 48 KB a stage: 160 KB compiled
+    assert pipeline_stages(qkv_8b, NORM.value, 2) == 3  # 232 KB at 4 stages, 168 at 3
+    assert pipeline_stages(demo, NORM.value, 2) == 3 == pipeline_stages(demo, SWIGLU.value, 2)
+    huge = LinearConfig(128, 256, 256, 1, 8, 4)
+    assert pipeline_stages(huge, NORM.value, 4) == 2  # never below double buffering
+    for config, prologue in ((down_8b, SWIGLU.value), (qkv_8b, NORM.value)):
+        stages = pipeline_stages(config, prologue, 2)
+        a_tiles = 2 if prologue == SWIGLU.value else 1
+        stage = (a_tiles * config.block_m + config.block_n) * config.block_k * 2
+        assert stages * stage + 4 * config.block_m * config.block_n <= SHARED_BYTES

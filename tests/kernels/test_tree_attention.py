@@ -133,3 +133,18 @@ def test_rejects_malformed_arguments() -> None:
     with pytest.raises(AssertionError, match="prefix_len"):
         tree_attention(case.ar.q, case.k_cache, case.v_cache, meta[0], meta[1][:0], *meta[2:],
                        0.1, 8)
+
+
+def test_the_split_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDTREE_ATTN_SPLIT sets the process's split size (256 without it); anything but a
+    positive multiple of the key block is refused at import, with the variable named."""
+    from ddtree.kernels import tree_attention as module
+
+    monkeypatch.delenv("DDTREE_ATTN_SPLIT", raising=False)
+    assert module._split_size() == 256
+    monkeypatch.setenv("DDTREE_ATTN_SPLIT", "128")
+    assert module._split_size() == 128
+    for bad in ("100", "0", "-64", "big", ""):
+        monkeypatch.setenv("DDTREE_ATTN_SPLIT", bad)
+        with pytest.raises(ValueError, match="DDTREE_ATTN_SPLIT"):
+            module._split_size()
