@@ -127,6 +127,33 @@ def _split_size() -> int:
 
 
 SPLIT_SIZE = _split_size()
+
+
+def _tiles() -> dict[int, tuple[int, int, int]]:
+    """head dim -> (BLOCK_N, num_warps, num_stages) of the split kernel: (64, 4, 3) unless
+    `DDTREE_ATTN_TILES` says otherwise for a head dim ("128=64/8/3,64=64/4/3"). A constant
+    of the model's shape, never of the batch: every query of a model reduces its keys in
+    the same blocks (another setting may give other bf16 bits, the same in every mode)."""
+    tiles = {64: (BLOCK_N, 4, 3), 128: (BLOCK_N, 4, 3)}
+    value = os.environ.get("DDTREE_ATTN_TILES", "")
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        try:
+            dim, rest = item.split("=")
+            block, warps, stages = (int(v) for v in rest.split("/"))
+            head_dim = int(dim)
+        except ValueError:
+            raise ValueError(f"DDTREE_ATTN_TILES={value!r}: expected items like "
+                             "'128=64/4/3' (head dim=block/warps/stages)") from None
+        if (head_dim not in tiles or block not in (16, 32, 64, 128) or SPLIT_SIZE % block
+                or warps not in (1, 2, 4, 8) or not 1 <= stages <= 6):
+            raise ValueError(f"DDTREE_ATTN_TILES={value!r}: {item!r} out of range (head dim "
+                             f"64 or 128, block 16-128 dividing {SPLIT_SIZE}, warps 1-8, "
+                             "stages 1-6)")
+        tiles[head_dim] = (block, warps, stages)
+    return tiles
+
+
+ATTN_TILES = _tiles()
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
@@ -301,19 +328,22 @@ def tree_attention(
     prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
     depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
     """
+    block_n, num_warps, num_stages = ATTN_TILES.get(q.shape[2], (BLOCK_N, 4, 3))
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
-                                tree_keys, num_tree_keys, scale, max_kv_len, BLOCK_N,
-                                SPLIT_SIZE, PREFIX_LOOP)
+                                tree_keys, num_tree_keys, scale, max_kv_len, block_n,
+                                SPLIT_SIZE, PREFIX_LOOP, num_warps, num_stages)
 
 
 def tree_attention_tiled(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
+    num_warps: int = 4, num_stages: int = 3,
 ) -> Tensor:
-    """`tree_attention` with explicit block and split sizes and loop structure (the tests
-    use small sizes to cross their boundaries at short lengths). Outputs agree bitwise only
-    between launches with the same three settings."""
+    """`tree_attention` with explicit block and split sizes, loop structure, warps and
+    stages (the tests use small sizes to cross their boundaries at short lengths; the GPU
+    sweep times others). Outputs agree bitwise only between launches with the same
+    settings."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -350,7 +380,7 @@ def tree_attention_tiled(
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
         PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
         pool_len=k_cache.shape[1],
-        num_warps=4, num_stages=3, **launch_kwargs(pdl),
+        num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl),
     )
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](

@@ -164,7 +164,12 @@
 #   call 62 (after 0-3) the demo's speed stage (ar / tree@16 / tree@32) at those split sizes,
 #           transformers' static cache beside the first
 #   call 63 (warm after 62) every mode against ar at SPLITS (default 128)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|63   (results under $OUT)
+#   call 64 (after 0 alone) tree attention's (BLOCK_N, warps, stages) per head dim:
+#           scripts/gpu/attn_sweep.py (each candidate's tree queries against their ar twins,
+#           then graph replay at decode, one tree and a batch of trees)
+#   call 65 (warm after 64) the 8B shapes with the committed tiles and with TILES
+#           (DDTREE_ATTN_TILES, e.g. TILES=128=64/8/3)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|65   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -315,6 +320,21 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+64)
+  mark "attn_sweep"
+  timeout 500 python3 scripts/gpu/attn_sweep.py --json-out "$OUT/attn_sweep.json" 2>&1 \
+    | grep -v '^{' | grep -v Warn
+  mark done
+  ;;
+65)
+  for tiles in "" ${TILES:?e.g. TILES=128=64/8/3}; do
+    mark "shapes8b, DDTREE_ATTN_TILES=$tiles"
+    DDTREE_ATTN_TILES=$tiles timeout 150 python3 scripts/gpu/engine_bench.py --stages shapes8b \
+      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_tiles${tiles//\//-}_$(date +%s).json"
+  done
   mark done
   ;;
 61)

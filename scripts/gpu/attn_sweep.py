@@ -1,0 +1,124 @@
+"""Tree attention's split kernel under other (BLOCK_N, num_warps, num_stages) settings, per
+head dim, on the GPU: each candidate's tree queries checked bitwise against their ar twins
+(a random 16-node tree after 300 committed keys, bf16; the invariance the engine's
+exactness rests on), then timed in CUDA-graph replay (as the engine replays it, dependent
+launches on) at the shapes the engine runs: decode (1 query), a batch-1 tree and a batch
+of trees, for the demo target's heads (9 / 3 x 64) and Qwen3-8B's (32 / 8 x 128). The
+settings are per head dim (`DDTREE_ATTN_TILES`, ddtree/kernels/tree_attention.py).
+
+    python3 scripts/gpu/attn_sweep.py [--json-out FILE]
+
+Prints one table per head dim (us per call), the committed setting first, the best by the
+sum over that head dim's shapes last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from ddtree.kernels.tree_attention import ATTN_TILES, SPLIT_SIZE, tree_attention_tiled
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.kernels helpers
+from tests.kernels.bench_tree_attention import tree_batch  # noqa: E402
+from tests.kernels.timing import graph_replay_us, num_copies, rotating  # noqa: E402
+from tests.kernels.tree_cases import random_tree, twin_case  # noqa: E402
+
+# name -> (Hq, Hkv, D, shapes as (requests, committed keys, tree nodes))
+HEADS = {
+    "smollm2": (9, 3, 64, ((1, 400, 1), (1, 400, 17), (8, 400, 17), (8, 400, 33))),
+    "qwen3": (32, 8, 128, ((1, 512, 1), (1, 512, 64), (8, 512, 64), (1, 4096, 1))),
+}
+CANDIDATES = list(itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)))
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (TRITON_INTERPRET=1):
+#   the twin checks of two candidates, no timing (a smoke run of the script)
+
+
+def twins_equal(num_heads: int, num_kv_heads: int, head_dim: int,
+                tiles: tuple[int, int, int]) -> bool:
+    """A random tree's queries give their ar twins' bits under these settings."""
+    case = twin_case([(random_tree(16, 7), 300)], num_heads, num_kv_heads, head_dim,
+                     torch.bfloat16, seed=3, device=DEVICE)
+    block, warps, stages = tiles
+    scale = 1 / math.sqrt(head_dim)
+
+    def run(queries, max_kv_len: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return tree_attention_tiled(queries.q, case.k_cache, case.v_cache,
+                                    *queries.fields()[1:], scale, max_kv_len, block,
+                                    SPLIT_SIZE, True, warps, stages)
+
+    length = int(case.tree.lengths().max())
+    return torch.equal(run(case.tree, length), run(case.ar, length + 300))
+
+
+def timer(num_heads: int, num_kv_heads: int, head_dim: int,
+          shape: tuple[int, int, int]):  # type: ignore[no-untyped-def]
+    """tiles -> us per call at `shape` (inputs rotated through more than the L2)."""
+    batch, context, nodes = shape
+    meta = tree_batch(batch, nodes, context, torch.device("cuda"))
+    length = context + nodes
+    kv_bytes = 2 * batch * length * num_kv_heads * head_dim * 2
+    pools = [torch.randn(2, batch, length, num_kv_heads, head_dim, device="cuda").bfloat16()
+             for _ in range(num_copies(kv_bytes, torch.device("cuda")))]
+    q = torch.randn(batch * nodes, num_heads, head_dim, device="cuda").bfloat16()
+    index = [meta[key] for key in ("query_slot", "prefix_len", "tree_base", "tree_keys",
+                                   "num_tree_keys")]
+    scale = 1 / math.sqrt(head_dim)
+    max_kv_len = 2048 if length <= 2048 else 8192  # a graph's grid: the engine's bound
+
+    def time_tiles(tiles: tuple[int, int, int]) -> float:
+        block, warps, stages = tiles
+        return graph_replay_us(rotating([
+            lambda p=p: tree_attention_tiled(q, p[0], p[1], *index, scale, max_kv_len, block,
+                                             SPLIT_SIZE, True, warps, stages)
+            for p in pools]))
+
+    return time_tiles
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    results: dict[str, list[dict]] = {}
+    if DEVICE == "cpu":
+        for tiles in ((64, 4, 3), (32, 2, 2)):
+            print(tiles, twins_equal(4, 2, 64, tiles), flush=True)
+        return 0
+    for name, (num_heads, num_kv_heads, head_dim, shapes) in HEADS.items():
+        committed = ATTN_TILES[head_dim]
+        timers = [timer(num_heads, num_kv_heads, head_dim, shape) for shape in shapes]
+        rows = []
+        for tiles in [committed] + [c for c in CANDIDATES if c != committed]:
+            row: dict = {"tiles": list(tiles)}
+            try:
+                row["twins_equal"] = twins_equal(num_heads, num_kv_heads, head_dim, tiles)
+                row["us"] = [round(time_tiles(tiles), 2) for time_tiles in timers]
+            except Exception as error:  # noqa: BLE001 - e.g. out of shared memory
+                row["error"] = f"{type(error).__name__}: {str(error)[:120]}"
+            rows.append(row)
+            print(json.dumps({"heads": name, **row}), flush=True)
+        results[name] = rows
+        good = [r for r in rows if r.get("twins_equal") and "us" in r]
+        print(f"== {name}: shapes (requests, keys, nodes) {list(shapes)}")
+        print(f"{'block/warps/stages':>20}  " + "  ".join(f"{str(s):>16}" for s in shapes)
+              + "       sum  twins")
+        for r in sorted(good, key=lambda r: sum(r["us"]))[:8] + [rows[0]]:
+            print(f"{'/'.join(map(str, r['tiles'])):>20}  "
+                  + "  ".join(f"{u:16.2f}" for u in r.get("us", []))
+                  + f"  {sum(r.get('us', [math.nan])):8.2f}  {r.get('twins_equal')}")
+        bad = [r["tiles"] for r in rows if r.get("twins_equal") is False]
+        print(f"   twins differ: {bad}; errors: {sum('error' in r for r in rows)}", flush=True)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
