@@ -29,7 +29,8 @@ ar step that would have produced the same token.
 
 from __future__ import annotations
 
-import os
+import collections
+import re
 
 import torch
 import triton
@@ -110,50 +111,72 @@ def tree_attention_reference(
 # second; the sm_90 PTX of the two loop bodies holds the same float ops in the same order).
 
 BLOCK_N = 64  # logical positions per key block
+SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 measured faster
+#   than 512 for the short contexts of decoding on the H200, 2026-12-01; 128 and 64 made the
+#   8B ar step 1-2% faster and its 64-node verify 6-21% slower, lease 15)
+# head dim -> (BLOCK_N, num_warps, num_stages) of the split kernel: constants of the model's
+# shape, never of the batch. Lease 15's sweep (scripts/gpu/attn_sweep.py) found faster
+# settings for trees (64 / 2 / 2 at head dim 64: batches of trees -13-19%, decode +7%; 64 /
+# 4 / 2 at 128: the 8B verify of 64 nodes -5%), but 64 / 2 / 2 made 2 of 40 demo samples
+# differ from ar although its kernel-level twin check and its PTX loops agreed: a setting
+# changes only after the end-to-end exact stage on the GPU.
+ATTN_TILES = {64: (BLOCK_N, 4, 3), 128: (BLOCK_N, 4, 3)}
 
 
-def _split_size() -> int:
-    """Logical positions per split: 256 (measured faster than 512 for the short contexts
-    of decoding on the H200, 2026-12-01), or `DDTREE_ATTN_SPLIT` (a multiple of BLOCK_N).
-    One value for the whole process: every query of every mode splits the same way."""
-    value = os.environ.get("DDTREE_ATTN_SPLIT", "256")
-    try:
-        split = int(value)
-    except ValueError:
-        split = 0
-    if split <= 0 or split % BLOCK_N:
-        raise ValueError(f"DDTREE_ATTN_SPLIT={value!r}: a positive multiple of {BLOCK_N}")
-    return split
+def _float_ops(lines: list[str]) -> list[str]:
+    """The opcodes of the float arithmetic (and the shuffles and matrix ops that feed it)
+    among PTX lines, in order."""
+    ops = []
+    for line in lines:
+        words = line.split()
+        if not words or words[0].startswith("//"):
+            continue
+        opcode = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+        if (opcode.startswith(("mma", "wgmma", "shfl", "ex2"))
+                or any(kind in opcode for kind in (".f32", ".f16", ".bf16", ".f64"))):
+            ops.append(opcode.rstrip(";"))
+    return ops
 
 
-SPLIT_SIZE = _split_size()
+def split_loops_agree(ptx: str) -> bool:
+    """Whether the split kernel's loops that do float arithmetic (each a span that a
+    backward branch closes) run the same float operations: the prefix loop and the
+    tree-key loop must, for a key block to give the same bits whichever loop reaches it
+    (an ar query reaches in its first loop a block its tree twin reaches in its second).
+    Compared as multisets: the scheduler may order independent operations differently in
+    the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
+    result. Necessary, not sufficient: every tiling lease 15 compiled kept it, including
+    one whose trees then left ar end to end (ATTN_TILES)."""
+    lines = ptx.splitlines()
+    labels = {match.group(1): i for i, line in enumerate(lines)
+              for match in [re.match(r"\s*(\$?[\w$]+):", line)] if match}
+    loops = []
+    for i, line in enumerate(lines):
+        match = re.search(r"\bbra(?:\.uni)?\s+(\$?[\w$]+);", line)
+        if match and labels.get(match.group(1), i) < i:
+            loops.append(_float_ops(lines[labels[match.group(1)]: i]))
+    counts = [collections.Counter(loop) for loop in loops if loop]  # not the L2 prefetch's
+    return all(count == counts[0] for count in counts[1:])
 
 
-def _tiles() -> dict[int, tuple[int, int, int]]:
-    """head dim -> (BLOCK_N, num_warps, num_stages) of the split kernel: (64, 4, 3) unless
-    `DDTREE_ATTN_TILES` says otherwise for a head dim ("128=64/8/3,64=64/4/3"). A constant
-    of the model's shape, never of the batch: every query of a model reduces its keys in
-    the same blocks (another setting may give other bf16 bits, the same in every mode)."""
-    tiles = {64: (BLOCK_N, 4, 3), 128: (BLOCK_N, 4, 3)}
-    value = os.environ.get("DDTREE_ATTN_TILES", "")
-    for item in filter(None, (part.strip() for part in value.split(","))):
-        try:
-            dim, rest = item.split("=")
-            block, warps, stages = (int(v) for v in rest.split("/"))
-            head_dim = int(dim)
-        except ValueError:
-            raise ValueError(f"DDTREE_ATTN_TILES={value!r}: expected items like "
-                             "'128=64/4/3' (head dim=block/warps/stages)") from None
-        if (head_dim not in tiles or block not in (16, 32, 64, 128) or SPLIT_SIZE % block
-                or warps not in (1, 2, 4, 8) or not 1 <= stages <= 6):
-            raise ValueError(f"DDTREE_ATTN_TILES={value!r}: {item!r} out of range (head dim "
-                             f"64 or 128, block 16-128 dividing {SPLIT_SIZE}, warps 1-8, "
-                             "stages 1-6)")
-        tiles[head_dim] = (block, warps, stages)
-    return tiles
+_CHECKED_KERNELS: dict[int, bool] = {}
 
 
-ATTN_TILES = _tiles()
+def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) -> None:
+    """Refuses a compiled split kernel whose loops differ (see split_loops_agree): its
+    tree queries would not equal their ar twins. Checked once per compiled variant; the
+    interpreter's kernels carry no PTX."""
+    asm = getattr(kernel, "asm", None)
+    if not isinstance(asm, dict) or "ptx" not in asm:
+        return
+    agree = _CHECKED_KERNELS.get(id(kernel))
+    if agree is None:
+        agree = _CHECKED_KERNELS[id(kernel)] = split_loops_agree(asm["ptx"])
+    if not agree:
+        raise RuntimeError(
+            f"tree attention with BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages: "
+            "the kernel's two key loops compiled to different float operations, so a tree "
+            "query would not equal its ar twin; use another tiling")
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
@@ -369,7 +392,7 @@ def tree_attention_tiled(
         split_size // block_n)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
-    _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
+    kernel = _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_stat,
         query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
         scale * LOG2_E, num_tree_cols, tree_keys.stride(0),
@@ -382,6 +405,7 @@ def tree_attention_tiled(
         pool_len=k_cache.shape[1],
         num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl),
     )
+    _check_loops(kernel, block_n, num_warps, num_stages)
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,

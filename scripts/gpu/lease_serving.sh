@@ -158,17 +158,18 @@
 #   call 60 (after 0 alone: random 8B weights; thirteenth session) the Qwen3-8B shapes with
 #           and without the fused norm / SwiGLU prologues (measured slower only at the demo's
 #           launch-bound sizes, lease 5), then their kernels without dependent launches
-#   call 61 (after 0 alone) the 8B shapes at tree attention's split sizes 256 / 128 / 64
-#           (DDTREE_ATTN_SPLIT; lease 15's 8B ar step spent 23.7 us a layer in the split
-#           kernel for one query at 512 keys: 3 splits x 8 heads, 4 serial blocks each)
+#   call 61 (after 0 alone; ran at 270808c: DDTREE_ATTN_SPLIT is gone since, calls 61-63
+#           and 65 no longer change anything) the 8B shapes at tree attention's split sizes
+#           256 / 128 / 64 (lease 15's 8B ar step spent 23.7 us a layer in the split kernel
+#           for one query at 512 keys: 3 splits x 8 heads, 4 serial blocks each)
 #   call 62 (after 0-3) the demo's speed stage (ar / tree@16 / tree@32) at those split sizes,
 #           transformers' static cache beside the first
 #   call 63 (warm after 62) every mode against ar at SPLITS (default 128)
 #   call 64 (after 0 alone) tree attention's (BLOCK_N, warps, stages) per head dim:
 #           scripts/gpu/attn_sweep.py (each candidate's tree queries against their ar twins,
 #           then graph replay at decode, one tree and a batch of trees)
-#   call 65 (warm after 64) the 8B shapes with the committed tiles and with TILES
-#           (DDTREE_ATTN_TILES, e.g. TILES=128=64/8/3)
+#   call 65 (warm after 64; ran at c361a88, whose DDTREE_ATTN_TILES is gone since) the 8B
+#           shapes with the committed tiles and with TILES (e.g. TILES=128=64/8/3)
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|65   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh

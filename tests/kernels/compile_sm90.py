@@ -182,9 +182,49 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     return report
 
 
+# (Hq, Hkv, D) x (BLOCK_N, warps, stages): the production tiles of both head dims, and the
+# settings lease 15 measured (64 / 2 / 2 left ar end to end with agreeing loops)
+LOOP_CASES = [((9, 3, 64), attention.ATTN_TILES[64]), ((32, 8, 128), attention.ATTN_TILES[128]),
+              ((32, 8, 128), (64, 4, 2)), ((9, 3, 64), (64, 2, 2)), ((32, 8, 128), (64, 8, 3))]
+
+
+def attention_loops_report() -> list[dict[str, object]]:
+    """Per case: whether the split kernel's two key loops compile to the same float
+    operations in the same order (`tree_attention.split_loops_agree` on the PTX)."""
+    report: list[dict[str, object]] = []
+
+    def launch() -> None:
+        for (num_heads, num_kv_heads, head_dim), (block, warps, stages) in LOOP_CASES:
+            q = torch.randn(3, num_heads, head_dim).to(torch.bfloat16)
+            cache = torch.zeros(2, 600, num_kv_heads, head_dim, dtype=torch.bfloat16)
+            meta = torch.zeros(3, dtype=torch.int64)
+            try:  # the runtime guard refuses the kernels whose loops differ: compiled anyway
+                attention.tree_attention_tiled(
+                    q, cache, cache, meta, meta + 300, meta + 300,
+                    torch.zeros(3, 2, dtype=torch.int64), meta + 1, 0.1, 600, block,
+                    attention.SPLIT_SIZE, True, warps, stages)
+            except RuntimeError:
+                pass
+
+    global _launch_all
+    saved, _launch_all = _launch_all, launch
+    try:
+        compiled = [kernel for name, kernel in compile_everything()
+                    if name == "_tree_attention_split_kernel"]
+    finally:
+        _launch_all = saved
+    for ((_, _, head_dim), tiles), kernel in zip(LOOP_CASES, compiled, strict=True):
+        report.append({"head_dim": head_dim, "tiles": list(tiles),
+                       "agree": attention.split_loops_agree(kernel.asm["ptx"])})  # type: ignore[attr-defined]
+    return report
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--pdl"]:
         print(json.dumps(pdl_report(sys.argv[2] == "on")))
+        return
+    if sys.argv[1:2] == ["--attention-loops"]:
+        print(json.dumps(attention_loops_report()))
         return
     print(f"triton {triton.__version__}, target sm_90")
     for name, kernel in compile_everything():

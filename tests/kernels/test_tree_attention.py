@@ -4,18 +4,26 @@ the launch holds or max_kv_len says; and it matches the plain-PyTorch reference.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from ddtree.kernels.tree_attention import (
+    ATTN_TILES,
+    split_loops_agree,
     tree_attention,
     tree_attention_reference,
     tree_attention_tiled,
 )
 from tests.kernels.tree_cases import Queries, TwinCase, chain, concat, random_tree, star, twin_case
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_TILES = (16, 32)  # block, split: short contexts cross both boundaries (interpreter)
 
 # (trees as (parents, committed length), Hq, Hkv, D, dtype, index dtype)
@@ -135,16 +143,53 @@ def test_rejects_malformed_arguments() -> None:
                        0.1, 8)
 
 
-def test_the_split_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DDTREE_ATTN_SPLIT sets the process's split size (256 without it); anything but a
-    positive multiple of the key block is refused at import, with the variable named."""
-    from ddtree.kernels import tree_attention as module
 
-    monkeypatch.delenv("DDTREE_ATTN_SPLIT", raising=False)
-    assert module._split_size() == 256
-    monkeypatch.setenv("DDTREE_ATTN_SPLIT", "128")
-    assert module._split_size() == 128
-    for bad in ("100", "0", "-64", "big", ""):
-        monkeypatch.setenv("DDTREE_ATTN_SPLIT", bad)
-        with pytest.raises(ValueError, match="DDTREE_ATTN_SPLIT"):
-            module._split_size()
+LOOP = """$L__BB0_{n}:
+\tld.global.b32 \t%r1, [%rd1];
+\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{%f1}}, {{%r1}}, {{%r2}}, {{%f2}};
+\t{op} \t%f3, %f1, %f2;
+\tadd.s32 \t%r3, %r3, 64;
+\t@%p1 bra \t$L__BB0_{n};  // backward: closes the loop
+"""
+
+
+def test_split_loops_agree_compares_the_float_ops_of_each_loop() -> None:
+    """The loop check reads each backward branch's span and compares the float
+    operations of the loops that have any (integer index arithmetic may differ, and so
+    may the order of independent operations); a label with a comment is read as PTX
+    writes it."""
+    same = LOOP.format(n=1, op="max.f32") + LOOP.format(n=2, op="max.f32")
+    other_int = same.replace("add.s32 \t%r3, %r3, 64;", "sub.s32 \t%r3, %r3, 1;", 1)
+    assert split_loops_agree(same) and split_loops_agree(other_int)
+    assert not split_loops_agree(LOOP.format(n=1, op="max.f32") + LOOP.format(n=2, op="min.f32"))
+    extra = LOOP.format(n=1, op="max.f32") + LOOP.format(n=2, op="max.f32").replace(
+        "\tmma.sync", "\tex2.approx.f32 \t%f9, %f9;\n\tmma.sync")
+    assert not split_loops_agree(extra)
+    reordered = LOOP.format(n=1, op="max.f32") + LOOP.format(n=2, op="max.f32").replace(
+        "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};"
+        "\n\tmax.f32 \t%f3, %f1, %f2;",
+        "\tmax.f32 \t%f3, %f1, %f2;"
+        "\n\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};")
+    assert reordered != same and split_loops_agree(reordered)
+    prefetch = "$L__BB0_7:\n\tprefetch.global.L2 \t[%rd4];\n\t@%p2 bra \t$L__BB0_7;\n"
+    assert split_loops_agree(prefetch + same)  # a loop without float ops is not compared
+    labelled = same.replace("$L__BB0_2:", "$L__BB0_2:  // %.lr.ph")
+    assert split_loops_agree(labelled)
+    assert not split_loops_agree(labelled.replace("max.f32", "min.f32", 1))
+
+
+def test_the_production_tiles_compile_to_agreeing_loops() -> None:
+    """Compiled for sm_90 on this machine (no GPU): under the production tiles of both
+    head dims the split kernel's prefix loop and tree-key loop run the same float
+    operations in the same order (the kernel also refuses, at its first launch on a GPU,
+    a compiled variant where they do not)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90",
+                           "--attention-loops"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    production = [row for row in report if tuple(row["tiles"]) == ATTN_TILES[row["head_dim"]]]
+    assert {row["head_dim"] for row in production} == {64, 128}, report
+    assert all(row["agree"] for row in production), report
