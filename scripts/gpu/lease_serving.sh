@@ -158,19 +158,17 @@
 #   call 60 (after 0 alone: random 8B weights; thirteenth session) the Qwen3-8B shapes with
 #           and without the fused norm / SwiGLU prologues (measured slower only at the demo's
 #           launch-bound sizes, lease 5), then their kernels without dependent launches
-#   call 61 (after 0 alone; ran at 270808c: DDTREE_ATTN_SPLIT is gone since, calls 61-63
-#           and 65 no longer change anything) the 8B shapes at tree attention's split sizes
-#           256 / 128 / 64 (lease 15's 8B ar step spent 23.7 us a layer in the split kernel
-#           for one query at 512 keys: 3 splits x 8 heads, 4 serial blocks each)
-#   call 62 (after 0-3) the demo's speed stage (ar / tree@16 / tree@32) at those split sizes,
-#           transformers' static cache beside the first
-#   call 63 (warm after 62) every mode against ar at SPLITS (default 128)
+#   call 61 (after 0 alone; ran at 270808c: its DDTREE_ATTN_SPLIT is gone since, and with it
+#           the bodies of calls 61-63 and 65: git show 270808c / c361a88) the 8B shapes at
+#           tree attention's split sizes 256 / 128 / 64 (lease 15's 8B ar step spent 23.7 us
+#           a layer in the split kernel for one query at 512 keys); calls 62-63 (not run)
+#           the demo's speed and exact stages at those split sizes
 #   call 64 (after 0 alone) tree attention's (BLOCK_N, warps, stages) per head dim:
 #           scripts/gpu/attn_sweep.py (each candidate's tree queries against their ar twins,
 #           then graph replay at decode, one tree and a batch of trees)
 #   call 65 (warm after 64; ran at c361a88, whose DDTREE_ATTN_TILES is gone since) the 8B
 #           shapes with the committed tiles and with TILES (e.g. TILES=128=64/8/3)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|65   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|64   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -327,46 +325,6 @@ case "${1:?call number}" in
   mark "attn_sweep"
   timeout 500 python3 scripts/gpu/attn_sweep.py --json-out "$OUT/attn_sweep.json" 2>&1 \
     | grep -v '^{' | grep -v Warn
-  mark done
-  ;;
-65)
-  for tiles in "" ${TILES:?e.g. TILES=128=64/8/3}; do
-    mark "shapes8b, DDTREE_ATTN_TILES=$tiles"
-    DDTREE_ATTN_TILES=$tiles timeout 150 python3 scripts/gpu/engine_bench.py --stages shapes8b \
-      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_tiles${tiles//\//-}_$(date +%s).json"
-  done
-  mark done
-  ;;
-61)
-  for split in 256 128 64 256; do
-    mark "shapes8b, DDTREE_ATTN_SPLIT=$split"
-    DDTREE_ATTN_SPLIT=$split timeout 150 python3 scripts/gpu/engine_bench.py --stages shapes8b \
-      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_split${split}_$(date +%s).json"
-  done
-  mark done
-  ;;
-62)
-  [ -f $T/config.json ] || stage_target
-  for split in ${SPLITS:-256 128 64}; do
-    mark "engine_bench speed, DDTREE_ATTN_SPLIT=$split"
-    mkdir -p "$OUT/split$split"
-    OUT="$OUT/split$split" DDTREE_ATTN_SPLIT=$split timeout 250 python3 scripts/gpu/engine_bench.py \
-      --stages speed --speed-modes ar,tree@16,tree@32 --speed-variants plain \
-      $([ $split = 256 ] && echo --hf || echo --no-hf) --target $T --humaneval $H 2>&1 \
-      | grep -E "tok/s|Error" | grep -v Warn
-  done
-  mark done
-  ;;
-63)
-  [ -f $T/config.json ] || stage_target
-  for split in ${SPLITS:-128}; do
-    mark "engine_bench exact, DDTREE_ATTN_SPLIT=$split"
-    mkdir -p "$OUT/split$split"
-    OUT="$OUT/split$split" DDTREE_ATTN_SPLIT=$split timeout 280 python3 scripts/gpu/engine_bench.py \
-      --stages exact --target $T --humaneval $H 2>&1 | grep -v Warn | tail -16
-  done
   mark done
   ;;
 60)
