@@ -341,7 +341,7 @@ def _tree_attention_combine_kernel(
 def tree_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
-    max_kv_len: int,
+    max_kv_len: int, tiles: tuple[int, int, int] | None = None,
 ) -> Tensor:
     """The Triton kernel of `tree_attention_reference` (same arguments; softmax in float32).
 
@@ -350,8 +350,9 @@ def tree_attention(
     (T,) int32/int64; tree_keys: (T, Kt) int32/int64, row-contiguous. `max_kv_len` bounds
     prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
     depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
+    `tiles` (BLOCK_N, warps, stages) replaces the head dim's ATTN_TILES (experiments).
     """
-    block_n, num_warps, num_stages = ATTN_TILES.get(q.shape[2], (BLOCK_N, 4, 3))
+    block_n, num_warps, num_stages = tiles or ATTN_TILES.get(q.shape[2], (BLOCK_N, 4, 3))
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
                                 tree_keys, num_tree_keys, scale, max_kv_len, block_n,
                                 SPLIT_SIZE, PREFIX_LOOP, num_warps, num_stages)

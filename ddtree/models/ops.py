@@ -33,7 +33,10 @@ class Backend:
     SwiGLU prologues inside those GEMMs (only meaningful with kernels and invariant);
     tree_build: a drafter's trees from one kernel (ddtree.kernels.tree_build; only with
     kernels; the same trees as without); vocab_topk: its vocabulary top-K from two
-    (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's)."""
+    (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's);
+    attn_tiles: another tiling of tree attention for this model (a constant of the model,
+    so its modes still agree with each other only if the tiling keeps the kernel's
+    invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
 
     kernels: bool = False
     invariant: bool = True
@@ -41,6 +44,8 @@ class Backend:
     swiglu_epilogue: bool = True
     tree_build: bool = True
     vocab_topk: bool = True
+    attn_tiles: tuple[int, int, int] | None = None  # tree attention's (BLOCK_N, warps,
+    #   stages); None: the kernel's per-head-dim constants (experiments only: lease 15)
 
     @property
     def fuses_prologues(self) -> bool:
@@ -96,7 +101,7 @@ def attention(backend: Backend, q: Tensor, k_cache: Tensor, v_cache: Tensor,
     if backend.kernels:
         return tree_attention.tree_attention(
             q, k_cache, v_cache, meta.query_slot, meta.prefix_len, meta.tree_base,
-            meta.tree_keys, meta.num_tree_keys, scale, meta.max_kv_len)
+            meta.tree_keys, meta.num_tree_keys, scale, meta.max_kv_len, backend.attn_tiles)
     return tree_attention.tree_attention_reference(
         q, k_cache, v_cache, meta.query_slot, meta.prefix_len, meta.tree_base,
         meta.tree_keys, meta.num_tree_keys, scale)

@@ -168,7 +168,10 @@
 #           then graph replay at decode, one tree and a batch of trees)
 #   call 65 (warm after 64; ran at c361a88, whose DDTREE_ATTN_TILES is gone since) the 8B
 #           shapes with the committed tiles and with TILES (e.g. TILES=128=64/8/3)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|64   (results under $OUT; 61-63, 65 gone)
+#   call 66 (after 0-3; written in the thirteenth session, not yet run) the exact stage with
+#           the target's tree attention at 64/2/2 and the drafter's committed, the other way
+#           round, and both committed: which side made lease 15's 2 samples leave ar
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|66   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -319,6 +322,20 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+66)
+  # which of the two lease 15's 64/2/2 changed: the target's attention (its modes then
+  # disagree) or the drafter's trees (an engine that mishandles some trees)
+  [ -f $T/config.json ] || stage_target
+  for pair in "64/2/2 -" "- 64/2/2" "- -"; do
+    set -- $pair
+    mark "engine_bench exact, target tiles $1, drafter tiles $2"
+    timeout 250 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
+      --humaneval $H --num-prompts 8 $([ $1 != - ] && echo --target-attn-tiles $1) \
+      $([ $2 != - ] && echo --drafter-attn-tiles $2) 2>&1 | grep -v Warn | grep " c[18]: "
+    mv "$OUT/engine_exact.json" "$OUT/engine_exact_${1//\//-}_${2//\//-}.json" 2>/dev/null
+  done
   mark done
   ;;
 64)
