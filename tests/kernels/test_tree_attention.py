@@ -16,6 +16,7 @@ import torch
 
 from ddtree.kernels.tree_attention import (
     ATTN_TILES,
+    SPLIT_SIZE,
     split_loops_agree,
     tree_attention,
     tree_attention_reference,
@@ -193,3 +194,26 @@ def test_the_production_tiles_compile_to_agreeing_loops() -> None:
     production = [row for row in report if tuple(row["tiles"]) == ATTN_TILES[row["head_dim"]]]
     assert {row["head_dim"] for row in production} == {64, 128}, report
     assert all(row["agree"] for row in production), report
+
+
+def test_a_backend_may_take_another_tiling() -> None:
+    """ops.attention passes a Backend's `attn_tiles` to the kernel (the experiments' way to
+    give the target and the drafter different tilings); None keeps the constants."""
+    from ddtree.models.meta import AttentionMeta
+    from ddtree.models.ops import Backend, attention
+
+    case = twin_case([(random_tree(5, 2), 40)], 4, 2, 64, torch.float32, seed=4)
+    queries = case.tree
+    length = int(queries.lengths().max())
+    meta = AttentionMeta(queries.query_slot, queries.query_slot, queries.query_slot,
+                         queries.query_slot, queries.prefix_len, queries.tree_base,
+                         queries.tree_keys, queries.num_tree_keys, length)
+    small = attention(Backend(kernels=True, attn_tiles=(16, 4, 3)), queries.q, case.k_cache,
+                      case.v_cache, meta, 0.125)
+    assert torch.equal(small, tree_attention_tiled(queries.q, case.k_cache, case.v_cache,
+                                                   *queries.fields()[1:], 0.125, length, 16,
+                                                   SPLIT_SIZE))
+    default = attention(Backend(kernels=True), queries.q, case.k_cache, case.v_cache, meta,
+                        0.125)
+    assert torch.equal(default, tree_attention(queries.q, case.k_cache, case.v_cache,
+                                               *queries.fields()[1:], 0.125, length))
