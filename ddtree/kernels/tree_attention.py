@@ -121,6 +121,9 @@ SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 meas
 # differ from ar although its kernel-level twin check and its PTX loops agreed: a setting
 # changes only after the end-to-end exact stage on the GPU.
 ATTN_TILES = {64: (BLOCK_N, 4, 3), 128: (BLOCK_N, 4, 3)}
+PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
+MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
+LOG2_E = 1.4426950408889634
 
 
 def _float_ops(lines: list[str]) -> list[str]:
@@ -177,9 +180,6 @@ def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) 
             f"tree attention with BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages: "
             "the kernel's two key loops compiled to different float operations, so a tree "
             "query would not equal its ar twin; use another tiling")
-PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
-MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
-LOG2_E = 1.4426950408889634
 
 
 @triton.jit
