@@ -108,7 +108,8 @@ def tree_attention_reference(
 # only, never on max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
 # the rest in a second; both run the same `_attend_block`, so a block gives the same bits in
 # either (an ar query reaches in its first loop a block that its tree twin reaches in its
-# second; the sm_90 PTX of the two loop bodies holds the same float ops in the same order).
+# second; the sm_90 PTX of the two loop bodies holds the same float ops, which the kernel
+# checks at the first launch of each compiled variant: `split_loops_agree`).
 
 BLOCK_N = 64  # logical positions per key block
 SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 measured faster

@@ -4,7 +4,10 @@ head dim, on the GPU: each candidate's tree queries checked bitwise against thei
 exactness rests on), then timed in CUDA-graph replay (as the engine replays it, dependent
 launches on) at the shapes the engine runs: decode (1 query), a batch-1 tree and a batch
 of trees, for the demo target's heads (9 / 3 x 64) and Qwen3-8B's (32 / 8 x 128). The
-settings are per head dim (`DDTREE_ATTN_TILES`, ddtree/kernels/tree_attention.py).
+settings are per head dim (`ATTN_TILES`, ddtree/kernels/tree_attention.py). A candidate's
+twin check is necessary, not sufficient: 64 / 2 / 2 passed it and still left ar end to end
+on the demo pair (lease 15); a new setting needs the exact stage (engine_bench.py --stages
+exact, whose --target-attn-tiles / --drafter-attn-tiles take one).
 
     python3 scripts/gpu/attn_sweep.py [--json-out FILE]
 

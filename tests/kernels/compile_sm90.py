@@ -189,8 +189,8 @@ LOOP_CASES = [((9, 3, 64), attention.ATTN_TILES[64]), ((32, 8, 128), attention.A
 
 
 def attention_loops_report() -> list[dict[str, object]]:
-    """Per case: whether the split kernel's two key loops compile to the same float
-    operations in the same order (`tree_attention.split_loops_agree` on the PTX)."""
+    """Per case: whether the split kernel's key loops compile to the same float
+    operations (`tree_attention.split_loops_agree` on the PTX: multisets)."""
     report: list[dict[str, object]] = []
 
     def launch() -> None:
