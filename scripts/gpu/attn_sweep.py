@@ -10,6 +10,7 @@ on the demo pair (lease 15); a new setting needs the exact stage (engine_bench.p
 exact, whose --target-attn-tiles / --drafter-attn-tiles take one).
 
     python3 scripts/gpu/attn_sweep.py [--json-out FILE]
+    python3 scripts/gpu/attn_sweep.py --twins 64/4/3 64/2/2   # the twin checks only
 
 Prints one table per head dim (us per call), the committed setting first, the best by the
 sum over that head dim's shapes last.
@@ -31,7 +32,7 @@ from ddtree.kernels.tree_attention import ATTN_TILES, SPLIT_SIZE, tree_attention
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.kernels helpers
 from tests.kernels.bench_tree_attention import tree_batch  # noqa: E402
 from tests.kernels.timing import graph_replay_us, num_copies, rotating  # noqa: E402
-from tests.kernels.tree_cases import random_tree, twin_case  # noqa: E402
+from tests.kernels.tree_cases import chain, random_tree, twin_case  # noqa: E402
 
 # name -> (Hq, Hkv, D, shapes as (requests, committed keys, tree nodes))
 HEADS = {
@@ -43,11 +44,22 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU (TRITON_INTER
 #   the twin checks of two candidates, no timing (a smoke run of the script)
 
 
-def twins_equal(num_heads: int, num_kv_heads: int, head_dim: int,
-                tiles: tuple[int, int, int]) -> bool:
-    """A random tree's queries give their ar twins' bits under these settings."""
-    case = twin_case([(random_tree(16, 7), 300)], num_heads, num_kv_heads, head_dim,
-                     torch.bfloat16, seed=3, device=DEVICE)
+# (tree, committed keys): trees whose nodes cross a key block (64) or a split (256) at
+# their depth, so that an ar query reaches in the prefix loop a block its tree twin reaches
+# in the tree-key loop (lease 15's single case, a tree after 300 keys, never did)
+TWIN_TREES = ([(chain(16), n) for n in (50, 56, 60, 63, 64, 120, 127, 244, 250, 255, 300,
+                                         310, 500, 505)]
+              + [(random_tree(16, seed), n) for seed, n in enumerate(
+                  (57, 58, 59, 60, 61, 62, 63, 64, 250, 251, 252, 253, 254, 255, 256, 315))])
+
+
+def twin_failures(num_heads: int, num_kv_heads: int, head_dim: int,
+                  tiles: tuple[int, int, int]) -> list[tuple[int, int]]:
+    """(committed keys, node) of every tree query of TWIN_TREES whose output is not its ar
+    twin's bits under these settings (empty: the invariance the engine's exactness rests
+    on held)."""
+    case = twin_case(TWIN_TREES, num_heads, num_kv_heads, head_dim, torch.bfloat16, seed=3,
+                     device=DEVICE)
     block, warps, stages = tiles
     scale = 1 / math.sqrt(head_dim)
 
@@ -56,8 +68,15 @@ def twins_equal(num_heads: int, num_kv_heads: int, head_dim: int,
                                     *queries.fields()[1:], scale, max_kv_len, block,
                                     SPLIT_SIZE, True, warps, stages)
 
-    length = int(case.tree.lengths().max())
-    return torch.equal(run(case.tree, length), run(case.ar, length + 300))
+    max_kv_len = int(case.ar.lengths().max())
+    same = (run(case.tree, max_kv_len) == run(case.ar, max_kv_len)).flatten(1).all(1).cpu()
+    owners = [(n, node) for parents, n in TWIN_TREES for node in range(len(parents))]
+    return [owner for owner, ok in zip(owners, same.tolist(), strict=True) if not ok]
+
+
+def twins_equal(num_heads: int, num_kv_heads: int, head_dim: int,
+                tiles: tuple[int, int, int]) -> bool:
+    return not twin_failures(num_heads, num_kv_heads, head_dim, tiles)
 
 
 def timer(num_heads: int, num_kv_heads: int, head_dim: int,
@@ -88,12 +107,25 @@ def timer(num_heads: int, num_kv_heads: int, head_dim: int,
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--twins", nargs="*", default=None, metavar="BLOCK/WARPS/STAGES",
+                        help="only the twin checks of these settings at both head dims "
+                             "(every failing (committed keys, node)), no timing")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {}
-    if DEVICE == "cpu":
-        for tiles in ((64, 4, 3), (32, 2, 2)):
-            print(tiles, twins_equal(4, 2, 64, tiles), flush=True)
-        return 0
+    if args.twins is not None or DEVICE == "cpu":
+        settings = [tuple(int(v) for v in text.split("/")) for text in args.twins or ()]
+        failed = 0
+        for name, (num_heads, num_kv_heads, head_dim, _) in HEADS.items():
+            if DEVICE == "cpu":  # the interpreter: small heads, two settings
+                num_heads, num_kv_heads = 4, 2
+            for tiles in settings or [ATTN_TILES[head_dim], (32, 2, 2)]:
+                bad = twin_failures(num_heads, num_kv_heads, head_dim, tiles)  # type: ignore[arg-type]
+                failed += bool(bad)
+                print(f"{name} {'/'.join(map(str, tiles))}: {len(bad)} of "
+                      f"{sum(len(p) for p, _ in TWIN_TREES)} tree queries differ from their "
+                      f"ar twins; committed keys of those: {sorted({n for n, _ in bad})}",
+                      flush=True)
+        return 1 if failed else 0
     for name, (num_heads, num_kv_heads, head_dim, shapes) in HEADS.items():
         committed = ATTN_TILES[head_dim]
         timers = [timer(num_heads, num_kv_heads, head_dim, shape) for shape in shapes]

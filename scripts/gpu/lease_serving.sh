@@ -168,9 +168,10 @@
 #           then graph replay at decode, one tree and a batch of trees)
 #   call 65 (warm after 64; ran at c361a88, whose DDTREE_ATTN_TILES is gone since) the 8B
 #           shapes with the committed tiles and with TILES (e.g. TILES=128=64/8/3)
-#   call 66 (after 0-3; written in the thirteenth session, not yet run) the exact stage with
-#           the target's tree attention at 64/2/2 and the drafter's committed, the other way
-#           round, and both committed: which side made lease 15's 2 samples leave ar
+#   call 66 (after 0-3; fourteenth session) the twin checks of four tilings across key
+#           blocks and splits (attn_sweep.py --twins), then the exact stage over 40 prompts
+#           with the drafter's tree attention at 64/2/2 and the target's committed, the
+#           other way round, and both: which side made lease 15's 2 samples leave ar
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|66   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
@@ -326,13 +327,18 @@ case "${1:?call number}" in
   ;;
 66)
   # which of the two lease 15's 64/2/2 changed: the target's attention (its modes then
-  # disagree) or the drafter's trees (an engine that mishandles some trees)
+  # disagree) or the drafter's trees (an engine that mishandles some trees); first the
+  # kernel's twin checks across key blocks and splits (lease 15's one case crossed neither)
+  mark "attn_sweep --twins"
+  timeout 200 python3 scripts/gpu/attn_sweep.py --twins 64/4/3 64/2/2 64/4/2 32/2/2 2>&1 \
+    | grep -v Warn
   [ -f $T/config.json ] || stage_target
-  for pair in "64/2/2 -" "- 64/2/2" "- -"; do
+  for pair in "- 64/2/2" "64/2/2 -" "64/2/2 64/2/2"; do
     set -- $pair
-    mark "engine_bench exact, target tiles $1, drafter tiles $2"
-    timeout 250 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
-      --humaneval $H --num-prompts 8 $([ $1 != - ] && echo --target-attn-tiles $1) \
+    mark "engine_bench exact (40 prompts), target tiles $1, drafter tiles $2"
+    timeout 200 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
+      --humaneval $H --num-prompts 40 --exact-modes ar,tree@16,tree@64 \
+      $([ $1 != - ] && echo --target-attn-tiles $1) \
       $([ $2 != - ] && echo --drafter-attn-tiles $2) 2>&1 | grep -v Warn | grep " c[18]: "
     mv "$OUT/engine_exact.json" "$OUT/engine_exact_${1//\//-}_${2//\//-}.json" 2>/dev/null
   done
