@@ -42,13 +42,15 @@ class Row:
 
     def emit(self, tokens: list[int], accepted: int,
              logprobs: list[TokenLogprob] | None) -> RoundResult:
-        """Trims at the first stop token (excluded from the output) or at max_tokens."""
+        """Trims at the first stop token (excluded from the output) or at max_tokens,
+        whichever comes first: a stop token past max_tokens is one ar would never have
+        generated (a round may commit beyond the budget; ar stops at its length)."""
         reason = None
-        for i, token in enumerate(tokens):
+        room = self.request.max_tokens - self.stats.num_completion_tokens
+        for i, token in enumerate(tokens[:room]):
             if token in self.stops:
                 tokens, reason = tokens[:i], "stop"
                 break
-        room = self.request.max_tokens - self.stats.num_completion_tokens
         if reason is None and len(tokens) >= room:
             tokens, reason = tokens[:room], "length"
         self.stats.num_completion_tokens += len(tokens)

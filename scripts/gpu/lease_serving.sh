@@ -172,7 +172,9 @@
 #           blocks and splits (attn_sweep.py --twins), then the exact stage over 40 prompts
 #           with the drafter's tree attention at 64/2/2 and the target's committed, the
 #           other way round, and both: which side made lease 15's 2 samples leave ar
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|66   (results under $OUT; 61-63, 65 gone)
+#   call 66b (after 0-3) lease 15's in-process bench (40 requests, continuous load) with
+#           the demo head dim's tree attention at 64/2/2, committed, 64/2/2
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|66|66b   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -341,6 +343,24 @@ case "${1:?call number}" in
       $([ $1 != - ] && echo --target-attn-tiles $1) \
       $([ $2 != - ] && echo --drafter-attn-tiles $2) 2>&1 | grep -v Warn | grep " c[18]: "
     mv "$OUT/engine_exact.json" "$OUT/engine_exact_${1//\//-}_${2//\//-}.json" 2>/dev/null
+  done
+  mark done
+  ;;
+66b)
+  # lease 15's in-process bench (continuous load: rows join mid-batch) with the demo
+  # head dim's tree attention at 64/2/2, the committed tiles, 64/2/2 again (the exact
+  # stage's batches all start together and never showed lease 15's 2 samples)
+  [ -f $T/config.json ] || stage_target
+  for tiles in 64/2/2 64/4/3 64/2/2; do
+    mark "in process, tree attention at $tiles"
+    timeout 170 python3 -c "
+import sys, ddtree.kernels.tree_attention as attention
+attention.ATTN_TILES[64] = tuple(int(x) for x in '$tiles'.split('/'))
+from ddtree.cli import main
+sys.exit(main(sys.argv[1:]))" bench --target $T --drafter $D --prompts humaneval \
+      --num-prompts 40 --num-requests 40 --modes ar,tree --budgets 16 --concurrency 1,8 \
+      --max-tokens 256 --no-progress --json-out "$OUT/inproc_${tiles//\//-}_$(date +%s).json" \
+      2>&1 | grep -v Warn | grep -i "humaneval\|error\|differ"
   done
   mark done
   ;;

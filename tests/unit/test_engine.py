@@ -11,11 +11,13 @@ import torch
 
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams, generate
 from ddtree.engine.generate import build_engine
+from ddtree.engine.rows import Row
 from ddtree.engine.sessions import ClientSessions
 from ddtree.errors import InvalidArgumentError
 from ddtree.models.tiny import make_tiny_pair
 from ddtree.runtime import load_pair
 from ddtree.sampling import SamplingParams
+from ddtree.stats import GenerationStats
 from ddtree.tree import DraftTree
 
 FAMILIES = ("llama", "qwen3")
@@ -128,6 +130,41 @@ def test_stop_token_and_max_tokens_are_trimmed_inside_an_accepted_block(pair) ->
         assert (tokens, reason) == (reference[:first], "stop")
         tokens, reason = run(target, drafter, prompt, spec, max_tokens=5)
         assert (tokens, reason) == (reference[:5], "length")
+
+
+def test_a_stop_token_past_max_tokens_in_one_block_ends_at_the_length() -> None:
+    """Lease 16 (H200): a tree round accepted the 256th token and, after it, the stop token;
+    the stop was trimmed first and max_tokens never, so 257 tokens came out where ar gave
+    256 ("length"). max_tokens bounds the output before a stop token is looked for."""
+    def emit(max_tokens: int, tokens: list[int], done: int = 0) -> tuple[list[int], str | None]:
+        row = Row("r", GenerationRequest([1], max_tokens), 3, frozenset({9}), 0,
+                  GenerationStats("tree", 3, num_completion_tokens=done))
+        result = row.emit(tokens, len(tokens), None)
+        assert row.finished == (result.finish_reason is not None)
+        return result.new_tokens, result.finish_reason
+
+    assert emit(3, [5, 6, 7, 8, 9]) == ([5, 6, 7], "length")  # the stop past the budget
+    assert emit(4, [5, 6, 7, 8, 9]) == ([5, 6, 7, 8], "length")  # the stop just past it
+    assert emit(5, [5, 6, 7, 8, 9]) == ([5, 6, 7, 8], "stop")  # the stop within it
+    assert emit(9, [5, 6, 9, 8, 9]) == ([5, 6], "stop")
+    assert emit(10, [5, 6, 7], done=8) == ([5, 6], "length")
+    assert emit(10, [5, 6, 7]) == ([5, 6, 7], None)
+
+
+def test_every_mode_ends_where_ar_ends_when_max_tokens_meets_a_stop_token(pair) -> None:
+    _, target, drafter = pair
+    prompt = prompts(target.config.vocab_size)[1]
+    reference, _ = run(target, None, prompt, SpecParams("ar"))
+    stop = reference[7]
+    first = reference.index(stop)
+    for max_tokens in (first - 1, first, first + 1):
+        expected = run(target, None, prompt, SpecParams("ar"), max_tokens=max_tokens,
+                       stop_token_ids=(stop,))
+        assert expected[1] == ("length" if max_tokens <= first else "stop")
+        for spec in (SpecParams("linear"), SpecParams("tree", 16), SpecParams("tree", 64)):
+            got = run(target, drafter, prompt, spec, max_tokens=max_tokens,
+                      stop_token_ids=(stop,))
+            assert got == expected, (spec, max_tokens)
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(pair) -> None:
