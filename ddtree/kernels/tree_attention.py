@@ -116,12 +116,14 @@ SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 meas
 #   than 512 for the short contexts of decoding on the H200, 2026-12-01; 128 and 64 made the
 #   8B ar step 1-2% faster and its 64-node verify 6-21% slower, lease 15)
 # head dim -> (BLOCK_N, num_warps, num_stages) of the split kernel: constants of the model's
-# shape, never of the batch. Lease 15's sweep (scripts/gpu/attn_sweep.py) found faster
-# settings for trees (64 / 2 / 2 at head dim 64: batches of trees -13-19%, decode +7%; 64 /
-# 4 / 2 at 128: the 8B verify of 64 nodes -5%), but 64 / 2 / 2 made 2 of 40 demo samples
-# differ from ar although its kernel-level twin check and its PTX loops agreed: a setting
-# changes only after the end-to-end exact stage on the GPU.
-ATTN_TILES = {64: (BLOCK_N, 4, 3), 128: (BLOCK_N, 4, 3)}
+# shape, never of the batch (another tiling gives other bits: one tiling serves every query
+# of a model). Lease 15's sweep (scripts/gpu/attn_sweep.py): at head dim 64, 64 / 2 / 2
+# makes batches of trees 13-19% faster and one decode query 7% slower; in process (lease
+# 16, 40 HumanEval requests) tree@16 +3% / +6% at c1 / c8, ar -1%. Its 2 samples "leaving
+# ar" in lease 15 were one extra token past max_tokens (Row.emit), not the kernel: every
+# mode equals ar under it (lease 16's exact stage, 40 prompts). At 128, 64 / 4 / 2 made the
+# 8B verify of 64 nodes 5% faster and decode at 4,096 keys 25% slower: not taken.
+ATTN_TILES = {64: (BLOCK_N, 2, 2), 128: (BLOCK_N, 4, 3)}
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
@@ -149,8 +151,8 @@ def split_loops_agree(ptx: str) -> bool:
     (an ar query reaches in its first loop a block its tree twin reaches in its second).
     Compared as multisets: the scheduler may order independent operations differently in
     the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
-    result. Necessary, not sufficient: every tiling lease 15 compiled kept it, including
-    one whose trees then left ar end to end (ATTN_TILES)."""
+    result. Necessary, not sufficient (the twin checks of scripts/gpu/attn_sweep.py and the
+    exact stage on the GPU are the evidence)."""
     lines = ptx.splitlines()
     labels = {match.group(1): i for i, line in enumerate(lines)
               for match in [re.match(r"\s*(\$?[\w$]+):", line)] if match}

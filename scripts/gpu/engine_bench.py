@@ -164,10 +164,9 @@ def stage_exact(args: argparse.Namespace, dtype: torch.dtype = torch.bfloat16,
 
 def set_attention_tiles(engine: Any, target_tiles: str, drafter_tiles: str) -> None:
     """Another tree-attention tiling ("BLOCK_N/warps/stages") for the target and/or the
-    drafter, before any graph is captured (lease 15: 64/2/2 at the demo's head dim made 2
-    of 40 samples leave ar; the drafter's tiling changes only its trees, so setting the two
-    apart tells a tiling that breaks the kernel's invariance from trees the engine
-    mishandles)."""
+    drafter, before any graph is captured (the drafter's tiling changes only its trees, so
+    setting the two apart tells a tiling that breaks the kernel's invariance from trees the
+    engine mishandles: lease 16)."""
     def parse(text: str) -> tuple[int, int, int]:
         block, warps, stages = (int(v) for v in text.split("/"))
         return block, warps, stages
