@@ -174,7 +174,9 @@
 #           other way round, and both: which side made lease 15's 2 samples leave ar
 #   call 66b (after 0-3) lease 15's in-process bench (40 requests, continuous load) with
 #           the demo head dim's tree attention at 64/2/2, committed, 64/2/2
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|66|66b   (results under $OUT; 61-63, 65 gone)
+#   call 67 (after 0-3) after lease 16's fixes: the exact stage (16 prompts), the speed
+#           table beside transformers, 160 requests in process (ar / tree@16 / auto)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|67   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -325,6 +327,22 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+67)
+  # the committed state after lease 16's fixes (Row.emit, 64 / 2 / 2 at head dim 64):
+  # every mode against ar, the speed table beside transformers, 160 requests in process
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench exact, 16 prompts"
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages exact --target $T --humaneval $H \
+    --num-prompts 16 2>&1 | grep -v Warn | grep " c[18]: "
+  mark "engine_bench speed"
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed \
+    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain --target $T \
+    --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -12
+  mark "in process, 160 requests"
+  NUM=160 BENCH_TIMEOUT=250 bench_inprocess ar,tree,auto 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
   mark done
   ;;
 66)
