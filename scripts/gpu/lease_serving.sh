@@ -176,7 +176,8 @@
 #           the demo head dim's tree attention at 64/2/2, committed, 64/2/2
 #   call 67 (after 0-3) after lease 16's fixes: the exact stage (16 prompts), the speed
 #           table beside transformers, 160 requests in process (ar / tree@16 / auto)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|67   (results under $OUT; 61-63, 65 gone)
+#   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|68   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -327,6 +328,18 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+68)
+  # colocated, ar / tree@16 at c1 / c8 (160 requests, two client processes) with two
+  # gateway processes, then one: is the c8 gap to in process (0.92x, TTFT p50 13.5 ms
+  # against 3.3 in call 58) the gateway's?
+  [ -f $T/config.json ] || stage_target
+  for workers in 2 1; do
+    GATEWAY_WORKERS=$workers NUM=160 BENCH_TIMEOUT=200 CLIENTS=2 placements_bench colocated \
+      --modes ar,tree --budgets 16 --concurrency 1,8 || exit 3
+    mv "$OUT/raw.tar.gz" "$OUT/raw_gateway$workers.tar.gz"
+  done
   mark done
   ;;
 67)
