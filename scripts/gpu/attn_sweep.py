@@ -3,11 +3,11 @@ head dim, on the GPU: each candidate's tree queries checked bitwise against thei
 (480 queries of chains and random trees whose depths cross a key block or a split, bf16;
 the invariance the engine's exactness rests on), then timed in CUDA-graph replay (as the
 engine replays it, dependent launches on) at the shapes the engine runs: decode (1 query),
-a batch-1 tree and a batch of trees, for the demo target's heads (9 / 3 x 64) and Qwen3-8B's (32 / 8 x 128). The
-settings are per head dim (`ATTN_TILES`, ddtree/kernels/tree_attention.py). The twin
-check is necessary, not sufficient: a new setting also needs the exact stage end to end
-(engine_bench.py --stages exact, whose --target-attn-tiles / --drafter-attn-tiles take
-one).
+a batch-1 tree and a batch of trees, for the demo target's heads (9 / 3 x 64) and
+Qwen3-8B's (32 / 8 x 128). The settings are per head dim (`ATTN_TILES`,
+ddtree/kernels/tree_attention.py). The twin check is necessary, not sufficient: a new
+setting also needs the exact stage end to end (engine_bench.py --stages exact, whose
+--target-attn-tiles / --drafter-attn-tiles take one).
 
     python3 scripts/gpu/attn_sweep.py [--json-out FILE]
     python3 scripts/gpu/attn_sweep.py --twins 64/4/3 64/2/2   # the twin checks only
