@@ -378,9 +378,9 @@ case "${1:?call number}" in
   mark done
   ;;
 66b)
-  # lease 15's in-process bench (continuous load: rows join mid-batch) with the demo
-  # head dim's tree attention at 64/2/2, the committed tiles, 64/2/2 again (the exact
-  # stage's batches all start together and never showed lease 15's 2 samples)
+  # lease 15's in-process bench with the demo head dim's tree attention at 64/2/2, at
+  # 64/4/3, at 64/2/2 again (the exact stage never showed lease 15's 2 samples: it ignores
+  # EOS, and they were a stop token accepted past max_tokens, Row.emit, fixed since)
   [ -f $T/config.json ] || stage_target
   for tiles in 64/2/2 64/4/3 64/2/2; do
     mark "in process, tree attention at $tiles"
