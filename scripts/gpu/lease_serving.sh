@@ -177,7 +177,10 @@
 #   call 67 (after 0-3) after lease 16's fixes: the exact stage (16 prompts), the speed
 #           table beside transformers, 160 requests in process (ar / tree@16 / auto)
 #   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|68   (results under $OUT; 61-63, 65 gone)
+#   calls 69 (after 0-3) / 70 (after 0) DDTREE_LAST_PROGRAM_REDUCE (written after lease 16,
+#           not yet run): GPU checks and the exact stage with it, then the demo's speed
+#           table (69) or the 8B shapes (70) without / with / without / with
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|70   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -328,6 +331,31 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
+69|70)
+  # DDTREE_LAST_PROGRAM_REDUCE (fourteenth session, built after lease 16, off by default):
+  # split-K GEMMs and long attention queries reduce in their last program, no second
+  # kernel. 69 (after 0-3): the GPU checks and every mode against ar with it, then the
+  # demo's speed table without / with / without / with; 70 (after 0 alone): the 8B shapes
+  # the same way (108 split-K reduces and 36 combines an 8B ar step)
+  [ "$1" = 69 ] && { [ -f $T/config.json ] || stage_target; }
+  if [ "$1" = 69 ]; then
+    mark "check_kernels, last-program reduce"
+    DDTREE_LAST_PROGRAM_REDUCE=1 timeout 150 python3 scripts/gpu/check_kernels.py --no-bench \
+      2>&1 | grep -v Warn | tail -6
+    mark "exact, 16 prompts, last-program reduce"
+    DDTREE_LAST_PROGRAM_REDUCE=1 timeout 200 python3 scripts/gpu/engine_bench.py --stages exact \
+      --target $T --humaneval $H --num-prompts 16 2>&1 | grep -v Warn | grep " c[18]: "
+  fi
+  stage=$([ "$1" = 69 ] && echo speed || echo shapes8b)
+  for flag in 0 1 0 1; do
+    mark "$stage, DDTREE_LAST_PROGRAM_REDUCE=$flag"
+    DDTREE_LAST_PROGRAM_REDUCE=$flag timeout 150 python3 scripts/gpu/engine_bench.py \
+      --stages $stage --speed-modes ar,linear,tree@16 --speed-variants plain --no-hf \
+      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "tok/s|^8B|Error"
+    mv "$OUT/engine_$stage.json" "$OUT/engine_${stage}_reduce${flag}_$(date +%s).json"
+  done
   mark done
   ;;
 68)
