@@ -107,8 +107,10 @@ def tree_attention_reference(
 # BLOCK_N logical positions starting at multiples of BLOCK_N, inside splits of SPLIT_SIZE
 # logical positions starting at multiples of SPLIT_SIZE, and splits are merged in split
 # order. A query whose sequence fits one split is normalised in the split kernel; a longer
-# one always goes through the combine kernel. Both choices depend on the query's own length
-# only, never on max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
+# one always goes through the combine (the combine kernel, or with
+# DDTREE_LAST_PROGRAM_REDUCE its last split's program: one setting a process, so every
+# query merges the same way). Both choices depend on the query's own length only, never on
+# max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
 # the rest in a second; both run the same `_attend_block`, so a block gives the same bits in
 # either (an ar query reaches in its first loop a block that its tree twin reaches in its
 # second; the sm_90 PTX of the two loop bodies holds the same float ops, which the kernel
