@@ -25,11 +25,6 @@ tests/kernels/test_launch.py compiles every kernel for sm_90 and checks the orde
 
 `DDTREE_PDL=0` in the environment, or `set_pdl(False)`, launches without it (A/B
 measurements); the CPU interpreter and GPUs before sm_90 never use it.
-
-`DDTREE_LAST_PROGRAM_REDUCE=1` (or `set_last_program_reduce`) removes a launch per
-split-K GEMM and per tree-attention layer: the program of a tile (or of a long query)
-that finishes last reduces the splits in split order, as the second kernel would
-(`arrive`, `reduce_counters`). Off until measured on the GPU.
 """
 
 from __future__ import annotations
@@ -55,9 +50,6 @@ def prefetch_blocks(bytes_per_block: int, num_blocks: int) -> int:
 
 
 _enabled = os.environ.get("DDTREE_PDL", "1") != "0"  # the services' `!= "0"` convention
-# The last program of a split-K GEMM tile (and of a long attention query) reduces the
-# splits itself, in split order, instead of a second kernel (off: not yet measured).
-_last_program_reduce = os.environ.get("DDTREE_LAST_PROGRAM_REDUCE", "0") != "0"
 _prefetch = os.environ.get("DDTREE_PDL_PREFETCH", "1") != "0"
 # Read once, as triton does when it decorates the kernels (interpreted for the process).
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -85,42 +77,6 @@ def set_prefetch(enabled: bool) -> bool:
 
 def prefetch_enabled() -> bool:
     return _prefetch
-
-
-def set_last_program_reduce(enabled: bool) -> bool:
-    """Split-K GEMMs and long tree-attention queries reduce their splits in the program
-    that finishes last (`reduce_counters`) instead of in a reduce / combine kernel; same
-    sums in the same order, one launch fewer per split-K GEMM and per attention layer.
-    Returns the old setting; CUDA graphs keep what they were captured with."""
-    global _last_program_reduce
-    previous, _last_program_reduce = _last_program_reduce, bool(enabled)
-    return previous
-
-
-def last_program_reduce() -> bool:
-    return _last_program_reduce
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def reduce_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` int32 arrival counters on `device`, all zero between kernels: each
-    tile's programs count themselves in, and the last one, having reduced, sets its
-    counter back to zero. One buffer per device serves every launch, since the kernels
-    of a stream run one after another (a dependent launch touches its counters only after
-    its wait for the previous kernel). A larger one replaces it when needed; the old one
-    stays referenced (a CUDA graph captured with it still uses it)."""
-    buffer = _COUNTERS.get(device)
-    if buffer is None or buffer.numel() < count:
-        size = max(count, 1 << 16)
-        if buffer is not None:
-            _RETIRED.append(buffer)
-        buffer = _COUNTERS[device] = torch.zeros(size, dtype=torch.int32, device=device)
-    return buffer
-
-
-_RETIRED: list[torch.Tensor] = []
 
 
 @functools.lru_cache(maxsize=16)
@@ -151,22 +107,6 @@ def wait_for_inputs(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def arrive(counter_ptr, num_arrivals):
-    """Called by each of the `num_arrivals` programs sharing `counter_ptr` (a tile's split-K
-    programs, a query's splits) after storing their part: True in the one that arrives
-    last, once every other part is visible to it. The barrier puts the whole program's
-    stores before the counting thread's release; the last arrival sets the counter back to
-    zero (no other program of the launch touches it again) and reads the parts with `.cg`
-    loads (from L2, never a stale L1 line)."""
-    tl.debug_barrier()
-    count = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    last = count == num_arrivals - 1
-    if last:
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-    return last
 
 
 @triton.jit

@@ -22,13 +22,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ddtree.kernels.launch import (
-    arrive,
-    last_program_reduce,
     launch_kwargs,
     prefetch_blocks,
     prefetch_enabled,
     prefetch_l2,
-    reduce_counters,
     use_pdl,
     wait_for_inputs,
 )
@@ -161,7 +158,7 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
-    PREFETCH_LINES: tl.constexpr = 0, counter_ptr=None, LAST_REDUCE: tl.constexpr = False,
+    PREFETCH_LINES: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -221,18 +218,6 @@ def _linear_kernel(
         acc = silu_times(acc.to(dtype), up_acc.to(dtype)).to(tl.float32)
     _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
                 num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
-    if LAST_REDUCE:  # (split-K only) the tile's last split sums the parts in split order
-        if arrive(counter_ptr + pid_m * tl.num_programs(1) + pid_n, SPLIT_K):
-            mask = row_mask[:, None] & col_mask[None, :]
-            offsets = rows[:, None] * N + cols[None, :]
-            total = tl.load(part_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
-            for split in tl.static_range(1, SPLIT_K):  # _split_k_reduce_kernel's sums
-                total += tl.load(part_ptr + split * num_rows * N + offsets, mask=mask,
-                                 other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
-                     total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -371,8 +356,6 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
     stages = pipeline_stages(config, prologue, x.element_size())
-    last_reduce = split_k > 1 and last_program_reduce()
-    counters = reduce_counters(x.device, grid[0] * grid[1]) if last_reduce else None
     _linear_kernel[grid](
         x, weight, bias_arg, out, part, source,
         norm_weight if norm_weight is not None else weight, h if h is not None else out,
@@ -382,11 +365,10 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
-        EPILOGUE=epilogue, USE_PDL=pdl, PREFETCH_LINES=lines, counter_ptr=counters,
-        LAST_REDUCE=last_reduce, num_warps=config.num_warps,
+        EPILOGUE=epilogue, USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
         num_stages=stages, **launch_kwargs(pdl),
     )
-    if split_k > 1 and not last_reduce:
+    if split_k > 1:
         block = 1024
         _split_k_reduce_kernel[(num_rows, triton.cdiv(out_features, block))](
             part, bias_arg, out, num_rows, out_features, out.stride(0),

@@ -38,13 +38,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ddtree.kernels.launch import (
-    arrive,
-    last_program_reduce,
     launch_kwargs,
     prefetch_blocks,
     prefetch_enabled,
     prefetch_l2,
-    reduce_counters,
     use_pdl,
     wait_for_inputs,
 )
@@ -107,10 +104,8 @@ def tree_attention_reference(
 # BLOCK_N logical positions starting at multiples of BLOCK_N, inside splits of SPLIT_SIZE
 # logical positions starting at multiples of SPLIT_SIZE, and splits are merged in split
 # order. A query whose sequence fits one split is normalised in the split kernel; a longer
-# one always goes through the combine (the combine kernel, or with
-# DDTREE_LAST_PROGRAM_REDUCE its last split's program: one setting a process, so every
-# query merges the same way). Both choices depend on the query's own length only, never on
-# max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
+# one always goes through the combine kernel. Both choices depend on the query's own length
+# only, never on max_kv_len or T. The split kernel walks whole prefix blocks in one loop and
 # the rest in a second; both run the same `_attend_block`, so a block gives the same bits in
 # either (an ar query reaches in its first loop a block that its tree twin reaches in its
 # second; the sm_90 PTX of the two loop bodies holds the same float ops, which the kernel
@@ -149,12 +144,11 @@ def _float_ops(lines: list[str]) -> list[str]:
     return ops
 
 
-def split_loops_agree(ptx: str, num_key_loops: int = 2) -> bool:
-    """Whether the split kernel's key loops (each a span that a backward branch closes:
-    the `num_key_loops` loops with the most float operations; the in-kernel combine's
-    loop over splits is a short one) run the same float operations: the prefix loop and
-    the tree-key loop must, for a key block to give the same bits whichever loop reaches
-    it (an ar query reaches in its first loop a block its tree twin reaches in its second).
+def split_loops_agree(ptx: str) -> bool:
+    """Whether the split kernel's loops that do float arithmetic (each a span that a
+    backward branch closes) run the same float operations: the prefix loop and the
+    tree-key loop must, for a key block to give the same bits whichever loop reaches it
+    (an ar query reaches in its first loop a block its tree twin reaches in its second).
     Compared as multisets: the scheduler may order independent operations differently in
     the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
     result. Necessary, not sufficient (the twin checks of scripts/gpu/attn_sweep.py and the
@@ -168,15 +162,13 @@ def split_loops_agree(ptx: str, num_key_loops: int = 2) -> bool:
         if match and labels.get(match.group(1), i) < i:
             loops.append(_float_ops(lines[labels[match.group(1)]: i]))
     counts = [collections.Counter(loop) for loop in loops if loop]  # not the L2 prefetch's
-    keys = sorted(counts, key=lambda count: -sum(count.values()))[:num_key_loops]
-    return all(count == keys[0] for count in keys[1:])
+    return all(count == counts[0] for count in counts[1:])
 
 
 _CHECKED_KERNELS: dict[int, bool] = {}
 
 
-def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int,
-                 prefix_loop: bool) -> None:
+def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) -> None:
     """Refuses a compiled split kernel whose loops differ (see split_loops_agree): its
     tree queries would not equal their ar twins. Checked once per compiled variant; the
     interpreter's kernels carry no PTX."""
@@ -185,8 +177,7 @@ def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int,
         return
     agree = _CHECKED_KERNELS.get(id(kernel))
     if agree is None:
-        agree = _CHECKED_KERNELS[id(kernel)] = split_loops_agree(asm["ptx"],
-                                                                 2 if prefix_loop else 1)
+        agree = _CHECKED_KERNELS[id(kernel)] = split_loops_agree(asm["ptx"])
     if not agree:
         raise RuntimeError(
             f"tree attention with BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages: "
@@ -255,7 +246,6 @@ def _tree_attention_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
     PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, num_slots=1, pool_len=1,
-    counter_ptr=None, LAST_REDUCE: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -316,40 +306,6 @@ def _tree_attention_split_kernel(
                  mask=head_mask[:, None])
         tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
         tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
-        if LAST_REDUCE:  # the query's last split combines them (the combine kernel's sums)
-            if arrive(counter_ptr + t * tl.num_programs(1) + kv_head, tl.cdiv(total, SPLIT)):
-                _combine_splits(out_ptr, ws_acc_ptr, ws_stat_ptr, t, heads, head_mask, total,
-                                stride_ot, stride_oh, num_splits, NUM_HEADS, HEAD_DIM, SPLIT,
-                                GROUP_PAD)
-
-
-@triton.jit
-def _combine_splits(out_ptr, ws_acc_ptr, ws_stat_ptr, t, heads, head_mask, total, stride_ot,
-                    stride_oh, num_splits, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    SPLIT: tl.constexpr, GROUP_PAD: tl.constexpr):
-    """The combine kernel's merge for the query heads `heads` of query t, in the split
-    kernel's last program (`.cg` loads: the other splits' parts, from L2)."""
-    dims = tl.arange(0, HEAD_DIM)
-    first = (t * num_splits * NUM_HEADS + heads) * 2
-    m_i = tl.load(ws_stat_ptr + first, mask=head_mask, other=0.0, cache_modifier=".cg")
-    l_i = tl.zeros_like(m_i)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for split in range(0, tl.cdiv(total, SPLIT)):  # in split order: a fixed sum order
-        ws_row = (t * num_splits + split) * NUM_HEADS + heads
-        m_s = tl.load(ws_stat_ptr + ws_row * 2, mask=head_mask, other=0.0, cache_modifier=".cg")
-        l_s = tl.load(ws_stat_ptr + ws_row * 2 + 1, mask=head_mask, other=0.0,
-                      cache_modifier=".cg")
-        a_s = tl.load(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :],
-                      mask=head_mask[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_i, m_s)
-        alpha = tl.exp2(m_i - m_new)
-        beta = tl.exp2(m_s - m_new)
-        l_i = l_i * alpha + l_s * beta
-        acc = acc * alpha[:, None] + a_s * beta[:, None]
-        m_i = m_new
-    tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-             (acc / tl.where(head_mask, l_i, 1.0)[:, None]).to(out_ptr.dtype.element_ty),
-             mask=head_mask[:, None])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -440,8 +396,6 @@ def tree_attention_tiled(
         split_size // block_n)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
-    last_reduce = num_splits > 1 and last_program_reduce()
-    counters = reduce_counters(q.device, num_queries * num_kv_heads) if last_reduce else None
     kernel = _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_stat,
         query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
@@ -452,11 +406,11 @@ def tree_attention_tiled(
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
         PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
-        pool_len=k_cache.shape[1], counter_ptr=counters, LAST_REDUCE=last_reduce,
+        pool_len=k_cache.shape[1],
         num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl),
     )
-    _check_loops(kernel, block_n, num_warps, num_stages, prefix_loop)
-    if num_splits > 1 and not last_reduce:
+    _check_loops(kernel, block_n, num_warps, num_stages)
+    if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,
             out.stride(0), out.stride(1), num_splits,

@@ -26,7 +26,6 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-import ddtree.kernels.launch as launch
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.rmsnorm as rmsnorm_module
 import ddtree.kernels.rope as rope_module
@@ -118,18 +117,6 @@ def _launch_all() -> None:
                                    rows.bool(), rows)
     for vocab, k in ((49152, 16), (151936, 64)):  # the demo and Qwen3 vocabularies
         vocab_topk.stable_topk(torch.randn(2, 15, vocab).log_softmax(-1), k)
-    saved = launch.set_last_program_reduce(True)  # the reductions in the last program
-    try:  # (DDTREE_LAST_PROGRAM_REDUCE): a split-K GEMM and both head dims' attention
-        matmul.invariant_linear(torch.randn(3, 12288).to(bf16),
-                                torch.empty(4096, 12288, dtype=bf16))
-        for num_heads, num_kv_heads, head_dim in ((9, 3, 64), (32, 8, 128)):
-            q = torch.randn(2, num_heads, head_dim).to(bf16)
-            pool = torch.empty(2, 3, 600, num_kv_heads, head_dim, dtype=bf16)
-            meta = torch.zeros(2, dtype=torch.int32)
-            attention.tree_attention(q, pool[1], pool[1], meta, meta + 1, meta,
-                                     torch.zeros(2, 17, dtype=torch.int32), meta, 0.1, 4096)
-    finally:
-        launch.set_last_program_reduce(saved)
 
 
 def sass_of(kernel: object) -> tuple[str, str]:
@@ -245,12 +232,8 @@ def main() -> None:
         mma = "HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "no MMA"
         line = f"{name:32s} {usage:42s} {mma:7s} shared {kernel.metadata.shared:6d} B"
         if name == "_tree_attention_split_kernel":
-            loops = loop_float_ops(sass)  # the key loops: the two largest (the in-kernel
-            # combine's loop over splits, under DDTREE_LAST_PROGRAM_REDUCE, is a short one)
-            keys = sorted((loop for loop in loops if loop),
-                          key=lambda loop: -sum(loop.values()))[:2]
-            line += (f"  loops {len(loops)}, key loops' float ops equal: "
-                     f"{len(set(map(str, keys))) == 1}")
+            loops = loop_float_ops(sass)
+            line += f"  loops {len(loops)}, same float ops: {len(set(map(str, loops))) == 1}"
         print(line)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree.kernels.launch import reduce_counters, set_last_program_reduce
 from ddtree.kernels.matmul import (
     ROW_TILES,
     TUNED,
@@ -134,22 +133,3 @@ def test_rejects_malformed_arguments() -> None:
         invariant_linear(torch.randn(32, 4).T, weight)
     with pytest.raises(AssertionError):
         invariant_linear(torch.randn(4, 32).bfloat16(), weight)
-
-
-@pytest.mark.parametrize("num_rows", [1, 65])
-def test_the_last_program_reduces_the_splits_as_the_reduce_kernel_does(
-        problem: tuple, num_rows: int) -> None:
-    """DDTREE_LAST_PROGRAM_REDUCE: the split-K parts summed in the tile's last program give
-    the reduce kernel's bits (bias and output rounding included), and every arrival
-    counter is back at zero for the next launch."""
-    x, weight, bias, out_dtype, config = problem
-    saved = set_last_program_reduce(False)
-    try:
-        expected = linear(x[:num_rows], weight, bias, out_dtype, config)
-        set_last_program_reduce(True)
-        got = linear(x[:num_rows], weight, bias, out_dtype, config)
-    finally:
-        set_last_program_reduce(saved)
-    assert torch.equal(got, expected)
-    counters = reduce_counters(x.device, 1)
-    assert int(counters.count_nonzero()) == 0

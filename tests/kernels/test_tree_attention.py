@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree.kernels.launch import reduce_counters, set_last_program_reduce
 from ddtree.kernels.tree_attention import (
     ATTN_TILES,
     SPLIT_SIZE,
@@ -96,21 +95,6 @@ def test_output_does_not_depend_on_the_launch(
     assert torch.equal(run(case, last)[0], alone[-1])
 
 
-def test_the_last_split_combines_as_the_combine_kernel_does(
-        case: TwinCase, outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """DDTREE_LAST_PROGRAM_REDUCE: the query's last split program merges the splits (no
-    combine kernel): the same bits for tree queries and their ar twins, and every arrival
-    counter back at zero."""
-    saved = set_last_program_reduce(True)
-    try:
-        tree = run(case, case.tree)
-        ar = run(case, case.ar, int(case.ar.lengths().max()) + 40)
-    finally:
-        set_last_program_reduce(saved)
-    assert torch.equal(tree, outputs[0]) and torch.equal(ar, outputs[1])
-    assert int(reduce_counters(tree.device, 1).count_nonzero()) == 0
-
-
 def test_matches_the_reference(case: TwinCase,
                                outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert_close_to(outputs[0], reference(case, case.tree))
@@ -190,9 +174,6 @@ def test_split_loops_agree_compares_the_float_ops_of_each_loop() -> None:
     assert reordered != same and split_loops_agree(reordered)
     prefetch = "$L__BB0_7:\n\tprefetch.global.L2 \t[%rd4];\n\t@%p2 bra \t$L__BB0_7;\n"
     assert split_loops_agree(prefetch + same)  # a loop without float ops is not compared
-    combine = "$L__BB0_9:\n\tex2.approx.f32 \t%f7, %f6;\n\t@%p3 bra \t$L__BB0_9;\n"
-    assert split_loops_agree(same + combine)  # a short loop after the key loops: not a key
-    assert not split_loops_agree(same + combine, num_key_loops=3)
     labelled = same.replace("$L__BB0_2:", "$L__BB0_2:  // %.lr.ph")
     assert split_loops_agree(labelled)
     assert not split_loops_agree(labelled.replace("max.f32", "min.f32", 1))
