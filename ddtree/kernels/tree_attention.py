@@ -205,13 +205,14 @@ def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) 
 def _check_group_loops(group_kernel: object, split_kernel: object) -> None:
     """Refuses a compiled group kernel whose key loop differs from the split kernel's
     (group_loops_agree); once per pair of compiled variants."""
-    asms = [getattr(kernel, "asm", None) for kernel in (group_kernel, split_kernel)]
-    if not all(isinstance(asm, dict) and "ptx" in asm for asm in asms):
+    ptx = [asm["ptx"] for kernel in (group_kernel, split_kernel)
+           for asm in [getattr(kernel, "asm", None)] if isinstance(asm, dict) and "ptx" in asm]
+    if len(ptx) < 2:
         return
     key = (id(group_kernel), id(split_kernel))
     agree = _CHECKED_PAIRS.get(key)
     if agree is None:
-        agree = _CHECKED_PAIRS[key] = group_loops_agree(asms[0]["ptx"], asms[1]["ptx"])
+        agree = _CHECKED_PAIRS[key] = group_loops_agree(ptx[0], ptx[1])
     if not agree:
         raise RuntimeError(
             "tree attention: the group kernel's key loop compiled to other float operations "
