@@ -30,7 +30,6 @@ ar step that would have produced the same token.
 from __future__ import annotations
 
 import collections
-import os
 import re
 
 import torch
@@ -127,9 +126,6 @@ SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 meas
 ATTN_TILES = {64: (BLOCK_N, 2, 2), 128: (BLOCK_N, 4, 3)}
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
-# runs of queries on one pool row read their shared prefix blocks once per chunk
-# (`_tree_attention_group_kernel`; the same bits either way, so this only moves speed)
-GROUPED = os.environ.get("DDTREE_GROUPED_ATTENTION", "1") != "0"
 LOG2_E = 1.4426950408889634
 
 
@@ -157,13 +153,6 @@ def split_loops_agree(ptx: str) -> bool:
     the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
     result. Necessary, not sufficient (the twin checks of scripts/gpu/attn_sweep.py and the
     exact stage on the GPU are the evidence)."""
-    counts = _float_loops(ptx)
-    return all(count == counts[0] for count in counts[1:])
-
-
-def _float_loops(ptx: str) -> list[collections.Counter[str]]:
-    """The float-op multisets of the PTX's loops (spans that a backward branch closes)
-    that do float arithmetic (not the L2 prefetch's)."""
     lines = ptx.splitlines()
     labels = {match.group(1): i for i, line in enumerate(lines)
               for match in [re.match(r"\s*(\$?[\w$]+):", line)] if match}
@@ -172,14 +161,8 @@ def _float_loops(ptx: str) -> list[collections.Counter[str]]:
         match = re.search(r"\bbra(?:\.uni)?\s+(\$?[\w$]+);", line)
         if match and labels.get(match.group(1), i) < i:
             loops.append(_float_ops(lines[labels[match.group(1)]: i]))
-    return [collections.Counter(loop) for loop in loops if loop]
-
-
-def group_loops_agree(group_ptx: str, split_ptx: str) -> bool:
-    """Whether the group kernel's key loop runs the split kernel's float operations (a
-    shared block must give a query the bits the split kernel would give it)."""
-    group, split = _float_loops(group_ptx), _float_loops(split_ptx)
-    return bool(group) and bool(split) and all(count == split[0] for count in group)
+    counts = [collections.Counter(loop) for loop in loops if loop]  # not the L2 prefetch's
+    return all(count == counts[0] for count in counts[1:])
 
 
 _CHECKED_KERNELS: dict[int, bool] = {}
@@ -200,27 +183,6 @@ def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) 
             f"tree attention with BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages: "
             "the kernel's two key loops compiled to different float operations, so a tree "
             "query would not equal its ar twin; use another tiling")
-
-
-def _check_group_loops(group_kernel: object, split_kernel: object) -> None:
-    """Refuses a compiled group kernel whose key loop differs from the split kernel's
-    (group_loops_agree); once per pair of compiled variants."""
-    ptx = [asm["ptx"] for kernel in (group_kernel, split_kernel)
-           for asm in [getattr(kernel, "asm", None)] if isinstance(asm, dict) and "ptx" in asm]
-    if len(ptx) < 2:
-        return
-    key = (id(group_kernel), id(split_kernel))
-    agree = _CHECKED_PAIRS.get(key)
-    if agree is None:
-        agree = _CHECKED_PAIRS[key] = group_loops_agree(ptx[0], ptx[1])
-    if not agree:
-        raise RuntimeError(
-            "tree attention: the group kernel's key loop compiled to other float operations "
-            "than the split kernel's, so grouped queries would not equal their ar twins; "
-            "set DDTREE_GROUPED_ATTENTION=0")
-
-
-_CHECKED_PAIRS: dict[tuple[int, int], bool] = {}
 
 
 @triton.jit
@@ -272,87 +234,8 @@ def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, s
         prefetch_l2(v_base + pos[:, None] * stride_vp + line[None, :])
 
 
-@triton.jit
-def _chunk_of(query_slot_ptr, prefix_len_ptr, t, num_queries, run_length,
-              CHUNK: tl.constexpr, CHUNK_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """Query t's chunk: up to CHUNK consecutive queries of its run (`run_length` queries
-    on one pool row: a tree's nodes, a drafter block). Returns the chunk's first query,
-    its end (exclusive), and the end of the key blocks its members read together: whole
-    blocks below every member's prefix, when at least two members share the first one's
-    pool row and t is one of them (0 otherwise). The group kernel and the split kernel
-    compute it alike."""
-    run_start = t // run_length * run_length
-    first = run_start + (t - run_start) // CHUNK * CHUNK
-    last = tl.minimum(tl.minimum(first + CHUNK, run_start + run_length), num_queries)
-    members = first + tl.arange(0, CHUNK_PAD)
-    in_chunk = members < last
-    lead = tl.load(query_slot_ptr + first)
-    same = in_chunk & (tl.load(query_slot_ptr + members, mask=in_chunk, other=0) == lead)
-    prefix = tl.load(prefix_len_ptr + members, mask=same, other=0).to(tl.int32)
-    shared = tl.min(tl.where(same, prefix, 2147483647), 0) // BLOCK * BLOCK
-    mine = tl.load(query_slot_ptr + t) == lead
-    shared = tl.where(mine & (tl.sum(same.to(tl.int32), 0) >= 2), shared, 0)
-    return first, last, shared
-
-
-@triton.jit(do_not_specialize=["num_queries", "run_length", "num_splits"])
-def _tree_attention_group_kernel(
-    q_ptr, k_ptr, v_ptr, ws_acc_ptr, ws_stat_ptr, query_slot_ptr, prefix_len_ptr,
-    scale_log2, num_queries, run_length, chunks_per_run,
-    stride_qt, stride_qh, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
-    num_splits,
-    GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, CHUNK_PAD: tl.constexpr,
-    DOT_IEEE: tl.constexpr, USE_PDL: tl.constexpr = False,
-):
-    """The key blocks a chunk's queries share (`_chunk_of`), read once for all of them:
-    the chunk's CHUNK x GROUP query heads fill the 16 rows of the same dot that the split
-    kernel gives one query's GROUP heads (padded to 16), through the same `_attend_block`.
-    A row's dot products and row reductions do not depend on the other rows, so each query
-    gets the bits the split kernel would compute for those blocks; its running state goes
-    to the workspace (float32: exact) and the split kernel continues from it."""
-    wait_for_inputs(USE_PDL)
-    chunk = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    run = chunk // chunks_per_run
-    t0 = (run * run_length + (chunk - run * chunks_per_run) * CHUNK).to(tl.int64)
-    if t0 >= tl.minimum(run * run_length + run_length, num_queries):
-        return
-    first, last, shared = _chunk_of(query_slot_ptr, prefix_len_ptr, t0, num_queries,
-                                    run_length, CHUNK, CHUNK_PAD, BLOCK)
-    start = split * SPLIT
-    end = tl.minimum(shared, start + SPLIT)
-    if end <= start:
-        return
-    lead = tl.load(query_slot_ptr + first)
-    rows = tl.arange(0, 16)
-    member = first + rows // GROUP  # (16,) the query of each row
-    heads = kv_head * GROUP + rows % GROUP
-    row_ok = (rows < CHUNK * GROUP) & (member < last)
-    row_ok = row_ok & (tl.load(query_slot_ptr + member, mask=row_ok, other=-1) == lead)
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + member[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_ok[:, None], other=0.0)  # (16, D)
-    k_base = k_ptr + lead.to(tl.int64) * stride_ks + kv_head * stride_kh
-    v_base = v_ptr + lead.to(tl.int64) * stride_vs + kv_head * stride_vh
-    m_i = tl.full([16], float("-inf"), tl.float32)
-    l_i = tl.zeros([16], tl.float32)
-    acc = tl.zeros([16, HEAD_DIM], tl.float32)
-    for block_start in range(start, end, BLOCK):
-        pos = block_start + tl.arange(0, BLOCK)
-        m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
-                                      m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
-                                      HEAD_DIM, DOT_IEEE)
-    ws_row = (member * num_splits + split) * NUM_HEADS + heads  # (16,) int64
-    tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
-             mask=row_ok[:, None])
-    tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=row_ok)
-    tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=row_ok)
-
-
 @triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_prefetch",
-                             "num_slots", "pool_len", "num_queries", "run_length"])
+                             "num_slots", "pool_len"])
 def _tree_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
     query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
@@ -363,7 +246,6 @@ def _tree_attention_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
     PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, num_slots=1, pool_len=1,
-    num_queries=1, run_length=1, CHUNK: tl.constexpr = 0, CHUNK_PAD: tl.constexpr = 1,
 ):
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -394,17 +276,6 @@ def _tree_attention_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    head_mask = rows < GROUP
-    if CHUNK > 0:  # the group kernel did this split's shared blocks: continue from there
-        _, _, shared = _chunk_of(query_slot_ptr, prefix_len_ptr, t, num_queries, run_length,
-                                 CHUNK, CHUNK_PAD, BLOCK)
-        if tl.minimum(shared, end) > start:
-            ws_row = (t * num_splits + split) * NUM_HEADS + heads
-            m_i = tl.load(ws_stat_ptr + ws_row * 2, mask=head_mask, other=float("-inf"))
-            l_i = tl.load(ws_stat_ptr + ws_row * 2 + 1, mask=head_mask, other=0.0)
-            acc = tl.load(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :],
-                          mask=head_mask[:, None], other=0.0)
-            start = tl.minimum(shared, end)
     tail_start = start
     if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
         # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
@@ -424,6 +295,7 @@ def _tree_attention_split_kernel(
         m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
                                       scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
 
+    head_mask = rows < GROUP
     if total <= SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
@@ -472,7 +344,7 @@ def _tree_attention_combine_kernel(
 def tree_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
-    max_kv_len: int, tiles: tuple[int, int, int] | None = None, run_length: int = 1,
+    max_kv_len: int, tiles: tuple[int, int, int] | None = None,
 ) -> Tensor:
     """The Triton kernel of `tree_attention_reference` (same arguments; softmax in float32).
 
@@ -482,23 +354,18 @@ def tree_attention(
     prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
     depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
     `tiles` (BLOCK_N, warps, stages) replaces the head dim's ATTN_TILES (experiments).
-    `run_length`: the queries come in runs of this many on one pool row sharing their
-    prefix (a tree's nodes, a drafter block; 1: nothing known); with GROUPED on, chunks of
-    a run read their shared prefix blocks once (`_tree_attention_group_kernel`), with the
-    same bits.
     """
     block_n, num_warps, num_stages = tiles or ATTN_TILES.get(q.shape[2], (BLOCK_N, 4, 3))
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
                                 tree_keys, num_tree_keys, scale, max_kv_len, block_n,
-                                SPLIT_SIZE, PREFIX_LOOP, num_warps, num_stages,
-                                run_length if GROUPED else 1)
+                                SPLIT_SIZE, PREFIX_LOOP, num_warps, num_stages)
 
 
 def tree_attention_tiled(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
-    num_warps: int = 4, num_stages: int = 3, run_length: int = 1,
+    num_warps: int = 4, num_stages: int = 3,
 ) -> Tensor:
     """`tree_attention` with explicit block and split sizes, loop structure, warps and
     stages (the tests use small sizes to cross their boundaries at short lengths; the GPU
@@ -514,10 +381,7 @@ def tree_attention_tiled(
     out = torch.empty_like(q)
     if num_queries == 0:
         return out
-    # chunks of queries through the group kernel: a run of several queries, and heads
-    # that leave room for two queries or more in the dot's 16 rows
-    chunk = MIN_DOT_ROWS // group if run_length > 1 and group <= MIN_DOT_ROWS // 2 else 0
-    if num_splits > 1 or chunk:
+    if num_splits > 1:
         ws_acc = q.new_empty((num_queries, num_splits, num_heads, head_dim), dtype=torch.float32)
         ws_stat = q.new_empty((num_queries, num_splits, num_heads, 2), dtype=torch.float32)
     else:  # every query fits one split: the workspace is never touched
@@ -532,18 +396,6 @@ def tree_attention_tiled(
         split_size // block_n)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
-    if chunk:
-        chunks_per_run = triton.cdiv(run_length, chunk)
-        group_kernel = _tree_attention_group_kernel[
-            (triton.cdiv(num_queries, run_length) * chunks_per_run, num_kv_heads, num_splits)](
-            q, k_cache, v_cache, ws_acc, ws_stat, query_slot, prefix_len,
-            scale * LOG2_E, num_queries, run_length, chunks_per_run,
-            q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-            num_splits, GROUP=group, NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n,
-            SPLIT=split_size, CHUNK=chunk, CHUNK_PAD=triton.next_power_of_2(chunk),
-            DOT_IEEE=dot_in_float32(q), USE_PDL=pdl,
-            num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl),
-        )
     kernel = _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, ws_acc, ws_stat,
         query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
@@ -554,13 +406,10 @@ def tree_attention_tiled(
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
         PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
-        pool_len=k_cache.shape[1], num_queries=num_queries, run_length=run_length,
-        CHUNK=chunk, CHUNK_PAD=triton.next_power_of_2(max(chunk, 1)),
+        pool_len=k_cache.shape[1],
         num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl),
     )
     _check_loops(kernel, block_n, num_warps, num_stages)
-    if chunk:
-        _check_group_loops(group_kernel, kernel)
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,

@@ -23,10 +23,7 @@ class AttentionMeta:
     """Per query token, flattened (T,) unless said: `write_slot`/`write_pos` where its own
     K/V go; `query_slot` its pool row; `prefix_len`, `tree_base`, `tree_keys` (T, Kt),
     `num_tree_keys` its logical key sequence; `positions` its RoPE position (int64).
-    `max_kv_len` bounds prefix_len + num_tree_keys (a Python int, sizes the grid).
-    `run_length`: the queries come in runs of this many on one pool row sharing their
-    prefix (a tree's nodes, a drafter block), so tree attention may read the shared prefix
-    once per chunk of a run (a Python int; 1: nothing known). Only speed depends on it."""
+    `max_kv_len` bounds prefix_len + num_tree_keys (a Python int, sizes the grid)."""
 
     positions: Tensor
     write_slot: Tensor
@@ -37,7 +34,6 @@ class AttentionMeta:
     tree_keys: Tensor
     num_tree_keys: Tensor
     max_kv_len: int
-    run_length: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -63,7 +59,7 @@ def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
         positions=_flat(base + depth), write_slot=rows, write_pos=_flat(base + index),
         query_slot=rows, prefix_len=_flat(base), tree_base=_flat(base),
         tree_keys=chains.reshape(batch * num_nodes, width).contiguous(),
-        num_tree_keys=_flat(depth + 1), max_kv_len=max_kv_len, run_length=num_nodes,
+        num_tree_keys=_flat(depth + 1), max_kv_len=max_kv_len,
     )
 
 
@@ -117,7 +113,7 @@ def block_meta(slots: Tensor, context_len: Tensor, block_size: int,
         tree_keys=index.expand(batch * block_size, block_size).contiguous(),
         num_tree_keys=torch.full((batch * block_size,), block_size, dtype=torch.long,
                                  device=slots.device),
-        max_kv_len=max_kv_len, run_length=block_size,
+        max_kv_len=max_kv_len,
     )
 
 

@@ -180,9 +180,10 @@
 #   calls 69 (after 0-3) / 70 (after 0) DDTREE_LAST_PROGRAM_REDUCE (written after lease 16,
 #           run in lease 17, removed since): GPU checks and the exact stage with it, then the
 #           demo's speed table (69) or the 8B shapes (70) without / with / without / with
-#   call 71 (after 0-3; lease 17) the group kernel of tree attention: GPU checks, every mode
-#           against ar, the speed table without / with twice; 72 (warm, after 71) in
-#           process ar / tree@16 at c1 / c8 without / with twice, the 8B shapes without / with
+#   call 71 (after 0-3; lease 17, at 8e57cf3) the group kernel of tree attention: GPU
+#           checks, every mode against ar, the speed table without / with twice; 72 (warm,
+#           after 71) in process ar / tree@16 at c1 / c8 without / with twice, the 8B shapes
+#           without / with (measured slower; the kernel and its switch are removed since)
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|72   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh

@@ -92,10 +92,8 @@ def _launch_all() -> None:
             q = torch.randn(2, num_heads, head_dim).to(dtype)
             pool = torch.empty(2, 3, 600, num_kv_heads, head_dim, dtype=dtype)
             meta = torch.zeros(2, dtype=torch.int32)
-            for run_length in (1, 2):  # decode; a tree's nodes (with the group kernel)
-                attention.tree_attention(q, pool[1], pool[1], meta, meta + 1, meta,
-                                         torch.zeros(2, 17, dtype=torch.int32), meta, 0.1,
-                                         4096, None, run_length)
+            attention.tree_attention(q, pool[1], pool[1], meta, meta + 1, meta,
+                                     torch.zeros(2, 17, dtype=torch.int32), meta, 0.1, 4096)
     for hidden in (576, 4096):
         x = torch.randn(2, hidden).to(bf16)
         rms_norm(x, x[0].clone(), 1e-6, x.clone())
@@ -192,10 +190,7 @@ LOOP_CASES = [((9, 3, 64), attention.ATTN_TILES[64]), ((32, 8, 128), attention.A
 
 def attention_loops_report() -> list[dict[str, object]]:
     """Per case: whether the split kernel's key loops compile to the same float
-    operations (`tree_attention.split_loops_agree` on the PTX: multisets), alone and
-    beside the group kernel (run_length 3), and whether the group kernel's key loop runs
-    those operations too (`group_loops_agree`, against both split variants: an ar twin
-    goes through the split kernel alone)."""
+    operations (`tree_attention.split_loops_agree` on the PTX: multisets)."""
     report: list[dict[str, object]] = []
 
     def launch() -> None:
@@ -203,30 +198,24 @@ def attention_loops_report() -> list[dict[str, object]]:
             q = torch.randn(3, num_heads, head_dim).to(torch.bfloat16)
             cache = torch.zeros(2, 600, num_kv_heads, head_dim, dtype=torch.bfloat16)
             meta = torch.zeros(3, dtype=torch.int64)
-            for run_length in (1, 3):
-                try:  # the runtime guards refuse the kernels whose loops differ: compiled anyway
-                    attention.tree_attention_tiled(
-                        q, cache, cache, meta, meta + 300, meta + 300,
-                        torch.zeros(3, 2, dtype=torch.int64), meta + 1, 0.1, 600, block,
-                        attention.SPLIT_SIZE, True, warps, stages, run_length)
-                except RuntimeError:
-                    pass
+            try:  # the runtime guard refuses the kernels whose loops differ: compiled anyway
+                attention.tree_attention_tiled(
+                    q, cache, cache, meta, meta + 300, meta + 300,
+                    torch.zeros(3, 2, dtype=torch.int64), meta + 1, 0.1, 600, block,
+                    attention.SPLIT_SIZE, True, warps, stages)
+            except RuntimeError:
+                pass
 
     global _launch_all
     saved, _launch_all = _launch_all, launch
     try:
         compiled = [kernel for name, kernel in compile_everything()
-                    if name in ("_tree_attention_split_kernel", "_tree_attention_group_kernel")]
+                    if name == "_tree_attention_split_kernel"]
     finally:
         _launch_all = saved
-    ptx = [kernel.asm["ptx"] for kernel in compiled]  # type: ignore[attr-defined]
-    for i, ((_, _, head_dim), tiles) in enumerate(LOOP_CASES):
-        alone, group, beside = ptx[3 * i: 3 * i + 3]  # split, then group and split
+    for ((_, _, head_dim), tiles), kernel in zip(LOOP_CASES, compiled, strict=True):
         report.append({"head_dim": head_dim, "tiles": list(tiles),
-                       "agree": attention.split_loops_agree(alone)
-                       and attention.split_loops_agree(beside),
-                       "group_agree": attention.group_loops_agree(group, alone)
-                       and attention.group_loops_agree(group, beside)})
+                       "agree": attention.split_loops_agree(kernel.asm["ptx"])})  # type: ignore[attr-defined]
     return report
 
 
