@@ -2,10 +2,11 @@
 # A serving lease on one warm machine, each call well under 10 minutes. The repository
 # (with the 30 MB demo drafter) travels with every call, so the demo target's GGUF comes in
 # quarters (.carry/g1..g4, ~24.5 MB each: `split -n 4 -d -a 1` of the 98 MB file; g1 also
-# holds HumanEval.jsonl.gz and the spec-bench JSONL):
+# holds HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17, when the
+# 41.5 MB repository + g1 with them passed the 64 MiB a call carries):
 #   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3: park them in /tmp; call 0 first
-#           carries .whl alone (with a quarter, the 39 MB repository passes the 64 MiB a
-#           call carries since lease 11)
+#           carries .whl and .carry/spec (with a quarter, the repository passes the 64 MiB
+#           a call carries since lease 11)
 #   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
 #           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
 #           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per
@@ -866,12 +867,12 @@ PY
   # lease 14: the repository + a quarter is ~62.8 MiB, so raw results go in trimmed: reports
   # without their samples, logs gzipped)
   ls /tmp/site | head -3
+  if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi
   ;;
 1|2|3)
   cp .carry/g$1/part* /tmp/
   if [ "$1" = 1 ]; then
     cp .carry/g1/HumanEval.jsonl.gz /tmp/
-    mkdir -p /tmp/spec_bench && cp .carry/g1/*.jsonl /tmp/spec_bench/
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
   fi
   ;;
