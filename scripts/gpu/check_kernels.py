@@ -37,6 +37,7 @@ from ddtree.kernels.rmsnorm import rms_norm, rms_norm_reference  # noqa: E402
 from ddtree.kernels.rope import rope_store, rope_store_reference  # noqa: E402
 from ddtree.kernels.swiglu import silu_mul, silu_mul_reference  # noqa: E402
 from ddtree.kernels.tree_attention import (  # noqa: E402
+    ATTN_TILES,
     BLOCK_N,
     PREFIX_LOOP,
     SPLIT_SIZE,
@@ -223,11 +224,13 @@ def check_tree_attention(report: Report, device: torch.device, quick: bool) -> N
 
 def _attend(case: TwinCase, queries: Queries, max_kv_len: int | None = None,
             prefix_loop: bool = PREFIX_LOOP) -> torch.Tensor:
+    """The production launch (the head dim's ATTN_TILES), with PREFIX_LOOP or without."""
     length = max_kv_len or int(queries.lengths().max())
     poison(tuple(queries.q.shape), queries.q.dtype, queries.q.device)
+    block_n, warps, stages = ATTN_TILES.get(queries.q.shape[-1], (BLOCK_N, 4, 3))
     return tree_attention_tiled(queries.q, case.k_cache, case.v_cache, *queries.fields()[1:],
-                                1 / math.sqrt(queries.q.shape[-1]), length, BLOCK_N,
-                                SPLIT_SIZE, prefix_loop)
+                                1 / math.sqrt(queries.q.shape[-1]), length, block_n,
+                                SPLIT_SIZE, prefix_loop, warps, stages)
 
 
 def _check_twins(report: Report, name: str, case: TwinCase, device: torch.device,
@@ -262,10 +265,9 @@ def _check_graph_replay(report: Report, name: str, case: TwinCase,
     static = [field.clone() for field in case.tree.fields()]
     length = int(max(case.tree.lengths().max(), case.ar.lengths().max()))
 
-    def launch() -> torch.Tensor:  # the tiling of `_attend`, which computed tree_out
-        return tree_attention_tiled(static[0], case.k_cache, case.v_cache, *static[1:],
-                                    1 / math.sqrt(static[0].shape[-1]), length, BLOCK_N,
-                                    SPLIT_SIZE, PREFIX_LOOP)
+    def launch() -> torch.Tensor:  # production tiles, as `_attend`'s tree_out
+        return tree_attention(static[0], case.k_cache, case.v_cache, *static[1:],
+                              1 / math.sqrt(static[0].shape[-1]), length)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -178,14 +178,9 @@
 #   call 67 (after 0-3) after lease 16's fixes: the exact stage (16 prompts), the speed
 #           table beside transformers, 160 requests in process (ar / tree@16 / auto)
 #   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
-#   calls 69 (after 0-3) / 70 (after 0) DDTREE_LAST_PROGRAM_REDUCE (written after lease 16,
-#           run in lease 17, removed since): GPU checks and the exact stage with it, then the
-#           demo's speed table (69) or the 8B shapes (70) without / with / without / with
-#   call 71 (after 0-3; lease 17, at 8e57cf3) the group kernel of tree attention: GPU
-#           checks, every mode against ar, the speed table without / with twice; 72 (warm,
-#           after 71) in process ar / tree@16 at c1 / c8 without / with twice, the 8B shapes
-#           without / with (measured slower; the kernel and its switch are removed since)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|72   (results under $OUT; 61-63, 65 gone)
+#   calls 69-72 (lease 17: the last-program reduce, tree attention's group kernel) are gone
+#           with the switches they measured (docs/performance.md, fifteenth session)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|68   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -336,71 +331,6 @@ case "${1:?call number}" in
   placement=$([ "$1" = 58 ] && echo colocated || echo services)
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 placements_bench $placement \
     --modes ar,tree,auto --budgets 16 --concurrency 1,8 || exit 3
-  mark done
-  ;;
-71)
-  # (fifteenth session, after 0-3) the group kernel (DDTREE_GROUPED_ATTENTION, default on):
-  # runs of queries on one pool row (a tree's nodes, a drafter block) read their shared
-  # prefix blocks once per chunk. The GPU checks (grouped == one query a program), every
-  # mode against ar with it, then the speed table off / on / off / on
-  [ -f $T/config.json ] || stage_target
-  mark "check_kernels"
-  timeout 150 python3 scripts/gpu/check_kernels.py --no-bench 2>&1 | grep -v Warn | tail -4
-  mark "exact, 16 prompts, grouped"
-  timeout 200 python3 scripts/gpu/engine_bench.py --stages exact --target $T --humaneval $H \
-    --num-prompts 16 2>&1 | grep -v Warn | grep " c[18]: "
-  for flag in 0 1 0 1; do
-    mark "speed, DDTREE_GROUPED_ATTENTION=$flag"
-    DDTREE_GROUPED_ATTENTION=$flag timeout 150 python3 scripts/gpu/engine_bench.py \
-      --stages speed --speed-modes ar,linear,tree@16,tree@64 --speed-variants plain --no-hf \
-      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "tok/s|Error"
-    mv "$OUT/engine_speed.json" "$OUT/engine_speed_grouped${flag}_$(date +%s).json"
-  done
-  mark done
-  ;;
-72)
-  # (warm, after 71) in process ar / tree@16 at c1 / c8 (40 requests) off / on / off / on,
-  # then the 8B shapes off / on
-  for flag in 0 1 0 1; do
-    mark "in process, DDTREE_GROUPED_ATTENTION=$flag"
-    DDTREE_GROUPED_ATTENTION=$flag timeout 150 python3 -m ddtree.cli bench --target $T \
-      --drafter $D --prompts humaneval --num-prompts 40 --num-requests 40 --modes ar,tree \
-      --budgets 16 --concurrency 1,8 --max-tokens 256 --no-progress \
-      --json-out "$OUT/inproc_grouped${flag}_$(date +%s).json" 2>&1 | grep -v Warn \
-      | grep -i "humaneval\|error\|differ"
-  done
-  for flag in 0 1; do
-    mark "shapes8b, DDTREE_GROUPED_ATTENTION=$flag"
-    DDTREE_GROUPED_ATTENTION=$flag timeout 150 python3 scripts/gpu/engine_bench.py \
-      --stages shapes8b --no-hf --target $T --humaneval $H 2>&1 | grep -v Warn \
-      | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_grouped${flag}_$(date +%s).json"
-  done
-  mark done
-  ;;
-69|70)
-  # DDTREE_LAST_PROGRAM_REDUCE (fourteenth session, built after lease 16, off by default):
-  # split-K GEMMs and long attention queries reduce in their last program, no second
-  # kernel. 69 (after 0-3): the GPU checks and every mode against ar with it, then the
-  # demo's speed table without / with / without / with; 70 (after 0 alone): the 8B shapes
-  # the same way (108 split-K reduces and 36 combines an 8B ar step)
-  [ "$1" = 69 ] && { [ -f $T/config.json ] || stage_target; }
-  if [ "$1" = 69 ]; then
-    mark "check_kernels, last-program reduce"
-    DDTREE_LAST_PROGRAM_REDUCE=1 timeout 150 python3 scripts/gpu/check_kernels.py --no-bench \
-      2>&1 | grep -v Warn | tail -6
-    mark "exact, 16 prompts, last-program reduce"
-    DDTREE_LAST_PROGRAM_REDUCE=1 timeout 200 python3 scripts/gpu/engine_bench.py --stages exact \
-      --target $T --humaneval $H --num-prompts 16 2>&1 | grep -v Warn | grep " c[18]: "
-  fi
-  stage=$([ "$1" = 69 ] && echo speed || echo shapes8b)
-  for flag in 0 1 0 1; do
-    mark "$stage, DDTREE_LAST_PROGRAM_REDUCE=$flag"
-    DDTREE_LAST_PROGRAM_REDUCE=$flag timeout 150 python3 scripts/gpu/engine_bench.py \
-      --stages $stage --speed-modes ar,linear,tree@16 --speed-variants plain --no-hf \
-      --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "tok/s|^8B|Error"
-    mv "$OUT/engine_$stage.json" "$OUT/engine_${stage}_reduce${flag}_$(date +%s).json"
-  done
   mark done
   ;;
 68)
