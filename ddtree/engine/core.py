@@ -31,7 +31,7 @@ from ddtree.engine.drafting import Drafting, LocalDrafter
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.logprobs import token_logprobs
 from ddtree.engine.policy import BudgetPolicy
-from ddtree.engine.prefill import prefill_rows
+from ddtree.engine.prefill import LaunchedPrefill, launch_prefill
 from ddtree.engine.prefill_graphs import PrefillGraphs
 from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
@@ -66,6 +66,14 @@ class InFlight:
     measurements: int  # the engine's policy measurements at launch (one since: ditto)
     auto_rows: list[int]  # indices into rows of the auto rows, whose tree size was...
     auto_choice: int  # ... the policy's choice for this round (0: none)
+
+
+@dataclass(frozen=True)
+class _Admission:
+    """The prefill of the rows admitted by one step, enqueued at `started`."""
+
+    launched: LaunchedPrefill
+    started: float
 
 
 @dataclass
@@ -185,7 +193,10 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[Output]:
         """Admits what fits, then one round for every running row; returns each
-        generation's RoundResults of this step (prefill results first).
+        generation's RoundResults of this step (a row's first token before its rounds).
+        The admitted rows' prefill is enqueued before the round, which carries them, and
+        its first tokens are read after the round is launched (the GPU has the round
+        queued while the host waits for them).
 
         Pipelined (the default with the local drafter): the round launched by this step is
         read by the NEXT step, after that step has launched its own round, so the host's
@@ -198,8 +209,11 @@ class Engine:
         completes one half's round and asks the drafter for its next trees, then launches
         the other half's round with the trees asked for one step earlier, so that each
         half's drafter exchange may overlap the other half's verify."""
-        outputs = self._admit()
+        outputs: list[Output] = []
+        prefill = self._admit()  # enqueued; its first tokens are read below
         if self._alternates():
+            if prefill is not None:
+                outputs.extend(self._read_prefill(prefill))
             outputs.extend(self._step_alternating())
             return outputs
         for group in sorted(self._flights):  # leaving the turns: both halves' rounds end
@@ -207,10 +221,15 @@ class Engine:
         rows = list(self.running.values())
         previous, self._in_flight = self._in_flight, None
         pipelined = self._can_pipeline(rows)
+        if prefill is not None and (not pipelined or prefill.launched.wants_logits):
+            outputs.extend(self._read_prefill(prefill))  # the host's view before the round
+            prefill, rows = None, list(self.running.values())
         if previous is not None and not pipelined:
             outputs.extend(self._complete(previous))  # host state current before launching
             previous, rows = None, list(self.running.values())
         flight = self._launch(rows) if rows else None
+        if prefill is not None:  # the GPU has this round queued behind the prefill
+            outputs.extend(self._read_prefill(prefill))
         if previous is not None:
             outputs.extend(self._complete(previous))
         if flight is not None and pipelined:
@@ -272,9 +291,10 @@ class Engine:
             return False  # its trees' roots are the host's bonus tokens: they must be current
         return not any(row.wants_logprobs for row in rows)
 
-    def _admit(self) -> list[Output]:
+    def _admit(self) -> _Admission | None:
         """Takes waiting requests into free rows (up to `max_prefill_tokens` prompt tokens,
-        at least one request) and prefills them together in one forward."""
+        at least one request) and enqueues their prefill, together in one forward; the
+        rows run from now on (their first tokens are read by `_read_prefill`)."""
         admitted: list[Row] = []
         budget = self.config.max_prefill_tokens
         while self.waiting and self.slots.num_free and (budget > 0 or not admitted):
@@ -285,18 +305,14 @@ class Engine:
             budget -= len(row.request.prompt_ids)
             admitted.append(row)
         if not admitted:
-            return []
+            return None
         self._assign_groups(admitted)
         self._admit_auto([row for row in admitted if row.follows_policy],
                          self.plan.batch_bucket(len(self.running) + len(admitted)))
-        outputs = [(row.request_id, result) for row, result in
-                   zip(admitted, self._prefill(admitted), strict=True)]
+        admission = self._prefill(admitted)
         for row in admitted:
-            if row.finished:
-                self._release(row)
-            else:
-                self.running[row.request_id] = row
-        return outputs
+            self.running[row.request_id] = row
+        return admission
 
     def _admit_auto(self, rows: list[Row], batch: int) -> None:
         """New auto rows start as ar when the policy prefers ar at the batch bucket they
@@ -310,25 +326,38 @@ class Engine:
                 row.auto, row.drafting, row.num_nodes = False, False, 0
                 row.stats.mode = "ar"
 
-    def _prefill(self, rows: list[Row]) -> list[RoundResult]:
+    def _prefill(self, rows: list[Row]) -> _Admission:
+        """Enqueues the rows' prefill and the drafter's first context (device work only:
+        the prompt features stay on the device)."""
         started = time.perf_counter()
         params = [RowParams.of(row.request, row.num_nodes, row.seed) for row in rows]
         layers = self.feature_layers if any(row.drafting for row in rows) else ()
-        prefilled = prefill_rows(self.target, self.pool, self.state, rows, params, layers,
-                                 self._static_prefill)
+        launched = launch_prefill(self.target, self.pool, self.state, rows, params, layers,
+                                  self._static_prefill)
         self.counters.num_target_forwards += 1
-        seconds = time.perf_counter() - started  # every row waited for the whole forward
-        results = []
-        for row, (first, features, prompt_logprobs, logprobs) in zip(rows, prefilled,
-                                                                     strict=True):
+        for row, features in zip(rows, launched.features, strict=True):
+            row.committed_len = len(row.request.prompt_ids)
             if row.drafting and self.drafting is not None and features is not None:
                 self.drafting.start(row.slot, row.request_id, features)
-            row.committed_len, row.bonus_token = len(row.request.prompt_ids), first
+        return _Admission(launched, started)
+
+    def _read_prefill(self, admission: _Admission) -> list[Output]:
+        """The admitted rows' first tokens, once their prefill ran; a row that its first
+        token ends leaves (a round launched meanwhile carries it; its output is dropped)."""
+        prefilled = admission.launched.read()
+        seconds = time.perf_counter() - admission.started  # every row waited for all of it
+        outputs: list[Output] = []
+        for row, (first, _, prompt_logprobs, logprobs) in zip(
+                admission.launched.rows, prefilled, strict=True):
+            row.bonus_token = first
             result = row.emit([first], 0, logprobs)
             result.prompt_logprobs = prompt_logprobs
             row.stats.stage_seconds["prefill"] += seconds
-            results.append(result)
-        return results
+            outputs.append((row.request_id, result))
+            if row.finished and self.running.get(row.request_id) is row:
+                self.running.pop(row.request_id)
+                self._release(row)
+        return outputs
 
     def _launch(self, rows: list[Row], groups: tuple[int, ...] | None = None) -> InFlight:
         """Enqueues one round for `rows` and the copy of its output table to the host;

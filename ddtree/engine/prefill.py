@@ -37,11 +37,64 @@ def prefill_rows(
     params: Sequence[RowParams], feature_layers: Sequence[int],
     static: PrefillGraphs | None = None,
 ) -> list[Prefilled]:
+    """`launch_prefill`, then its results at once."""
+    return launch_prefill(target, pool, state, rows, params, feature_layers, static).read()
+
+
+class LaunchedPrefill:
+    """A prefill enqueued on the device: each row's device state is set (its first token
+    too) and its prompt features are device tensors, but the host has not read the first
+    tokens yet. `read` waits for the prefill alone (its own event, not the work enqueued
+    after it: the engine launches the next round before it reads), so a step that admits
+    rows needs no host sync before its round."""
+
+    def __init__(self, rows: Sequence[Row], out: TargetOutput, spans: list[tuple[int, int]],
+                 firsts: Tensor, features: list[Tensor | None]) -> None:
+        self.rows, self.out, self.spans, self.features = rows, out, spans, features
+        if firsts.device.type == "cuda":
+            self._host = torch.empty(firsts.shape, dtype=firsts.dtype, pin_memory=True)
+            self._host.copy_(firsts, non_blocking=True)
+            self._done: torch.cuda.Event | None = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host, self._done = firsts, None
+
+    @property
+    def wants_logits(self) -> bool:
+        """A row asks for logprobs: its read needs this prefill's logits as they are now."""
+        return any(row.request.prompt_logprobs or row.request.top_logprobs >= 0
+                   for row in self.rows)
+
+    def read(self) -> list[Prefilled]:
+        """Per row -> (first token, prompt features (P, k*H) or None, prompt logprobs, the
+        first token's logprobs), each logprob list only when the request asks for it."""
+        if self._done is not None:
+            self._done.synchronize()
+        first_tokens = self._host.tolist()
+        logits = self.out.logits
+        results: list[Prefilled] = []
+        for i, row in enumerate(self.rows):
+            request, (begin, stop) = row.request, self.spans[i]
+            prompt_logprobs = logprobs = None
+            if request.prompt_logprobs:
+                prompt_logprobs = token_logprobs(logits[begin:stop - 1], request.prompt_ids[1:],
+                                                 max(request.top_logprobs, 0))
+            if request.top_logprobs >= 0:
+                logprobs = token_logprobs(logits[stop - 1:stop], [first_tokens[i]],
+                                          request.top_logprobs)
+            results.append((first_tokens[i], self.features[i], prompt_logprobs, logprobs))
+        return results
+
+
+def launch_prefill(
+    target: TargetModel, pool: KVPool, state: SlotState, rows: Sequence[Row],
+    params: Sequence[RowParams], feature_layers: Sequence[int],
+    static: PrefillGraphs | None = None,
+) -> LaunchedPrefill:
     """Several rows' prompts in ONE target forward (batched prefill; the kernels make each
     row's K/V, logits and features those of its prefill alone), in static shapes through
-    `static` when it is given and the step fits it (no prompt logprobs). Per row ->
-    (first token, prompt features (P, k*H) or None, prompt logprobs, the first token's
-    logprobs), each logprob list only when the request asks for it."""
+    `static` when it is given and the step fits it (no prompt logprobs); every row's state
+    set on the device. No host sync: `LaunchedPrefill.read` gives the results."""
     lengths = [len(row.request.prompt_ids) for row in rows]
     prompts = [row.request.prompt_ids for row in rows]
     is_static = (static is not None and static.fits(sum(lengths), len(rows))
@@ -59,20 +112,8 @@ def prefill_rows(
         if p.temperature != 0:
             firsts[i] = choose_token(last[i:i + 1], p, row.seed)[0]
         state.start_row(row.slot, lengths[i], firsts[i:i + 1], p)
-    first_tokens = firsts.tolist()  # the one host sync
     features = prompt_features(out.features, lengths, copy=is_static)
-    results: list[Prefilled] = []
-    for i, row in enumerate(rows):
-        request, (begin, stop) = row.request, spans[i]
-        prompt_logprobs = logprobs = None
-        if request.prompt_logprobs:
-            prompt_logprobs = token_logprobs(out.logits[begin:stop - 1], request.prompt_ids[1:],
-                                             max(request.top_logprobs, 0))
-        if request.top_logprobs >= 0:
-            logprobs = token_logprobs(out.logits[stop - 1:stop], [first_tokens[i]],
-                                      request.top_logprobs)
-        results.append((first_tokens[i], features[i], prompt_logprobs, logprobs))
-    return results
+    return LaunchedPrefill(rows, out, spans, firsts, features)
 
 
 def _eager_forward(target: TargetModel, pool: KVPool, rows: Sequence[Row], lengths: list[int],

@@ -180,7 +180,7 @@
 #   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
 #   calls 69-72 (lease 17: the last-program reduce, tree attention's group kernel) are gone
 #           with the switches they measured (docs/performance.md, fifteenth session)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|68   (results under $OUT; 61-63, 65 gone)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|73   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -326,6 +326,25 @@ PY
 }
 
 case "${1:?call number}" in
+73)
+  # (after 1-3, carry .carry/g4) the engine under continuous load without the bench's
+  # harness: the host's time per step part, the prefill's first tokens read after the
+  # round's launch (deferred) against at once (sync), a trace of tree@16 c8's steps; then
+  # `ddtree bench` in process and through the three processes, each sample against ar's
+  [ -f $T/config.json ] || stage_target
+  mark "trace_engine"
+  timeout 260 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --modes ${TRACE_MODES:-ar,tree@16} --concurrency 1,8 --requests 40 --sync-prefill \
+    --trace tree@16/c8 2>&1 | grep -v Warn | cut -c1-400 | tail -70
+  mark "bench in process"
+  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  (cd "$OUT" && gzip report_inprocess.json)
+  mark "three processes"
+  NUM=40 BENCH_TIMEOUT=150 placements_bench services --modes ar,tree --budgets 16 \
+    --concurrency 1,8 || exit 3
+  mark done
+  ;;
 58|59)
   [ -f $T/config.json ] || stage_target
   placement=$([ "$1" = 58 ] && echo colocated || echo services)

@@ -149,6 +149,32 @@ def test_pipelined_steps_give_the_same_tokens_as_synchronous_ones(pair) -> None:
     assert served[0] == served[1]
 
 
+def test_rows_that_their_first_token_ends_leave_while_the_others_run(pair) -> None:
+    """A step's round carries the rows it admits before their first tokens are read: a
+    row that its first token ends (max_tokens 1, or a stop token) rides that round, its
+    output dropped, and its pool row serves the queue after; the others are unchanged."""
+    target, drafter = pair
+    reqs = requests(target.config.vocab_size, sampled=False)[:3]
+    first = alone(target, drafter, reqs[0])[0]
+    short = GenerationRequest(reqs[0].prompt_ids, 1, spec=SpecParams("tree", 16),
+                              ignore_eos=True)
+    stopped = GenerationRequest(reqs[0].prompt_ids, 12, spec=SpecParams("linear"),
+                                stop_token_ids=(first,))
+    mixed = [reqs[0], short, reqs[1], stopped, reqs[2], short, stopped]
+    served = []
+    for pipeline in (True, False):
+        engine = build_engine(target, drafter, EngineConfig(
+            max_num_seqs=3, max_model_len=96, pipeline=pipeline))
+        tokens = run_all(engine, mixed)
+        assert engine.slots.num_used == 0 and not engine.has_work
+        served.append(tokens)
+    assert served[0] == served[1]
+    assert served[0]["r1"] == served[0]["r5"] == [first]
+    assert served[0]["r3"] == served[0]["r6"] == []
+    for i in (0, 2, 4):
+        assert served[0][f"r{i}"] == alone(target, drafter, mixed[i])
+
+
 def test_greedy_ar_rounds_take_the_short_path_and_match_the_tree_walk(pair, monkeypatch) -> None:
     """A round of greedy ar rows skips the one-node tree walk and the compaction
     (`round._verify_greedy_ar`): same tokens, same pool, same state as the generic path."""
