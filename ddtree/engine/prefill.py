@@ -145,7 +145,8 @@ def choose_token(logits: Tensor, params: RowParams, seed: int) -> Tensor:
         return logits.argmax(-1)
     device = logits.device
     sampling = SamplingParams(params.temperature, params.top_k, params.top_p)
-    rows = RowSampling.of(sampling, 1, device, torch.tensor([seed_to_int64(seed)], device=device))
+    seed_row = torch.full((1,), seed_to_int64(seed), dtype=torch.long, device=device)  # no sync
+    rows = RowSampling.of(sampling, 1, device, seed_row)
     probs = row_target_probs(logits[None], rows)[0]  # (1, V)
     counter = torch.zeros(1, dtype=torch.long, device=device)
     return sample_race(probs, counter_uniform(rows.seed, counter, STREAM_FIRST, probs.shape[-1]))

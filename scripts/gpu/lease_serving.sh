@@ -180,7 +180,7 @@
 #   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
 #   calls 69-72 (lease 17: the last-program reduce, tree attention's group kernel) are gone
 #           with the switches they measured (docs/performance.md, fifteenth session)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|73   (results under $OUT; 61-63, 65 gone)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|74   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -326,6 +326,41 @@ PY
 }
 
 case "${1:?call number}" in
+74)
+  # (after 1-3, carry .carry/g4) call 73's engine trace with the admission's blocking copy
+  # gone, in process and through a drafter service (the three processes' verifier engine
+  # without the gateway), `ddtree bench` in process, then colocated through the gateway
+  [ -f $T/config.json ] || stage_target
+  mark "trace_engine in process"
+  timeout 200 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --modes ar,tree@16 --concurrency 1,8 --requests 40 --sync-prefill \
+    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median"
+  mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
+  for f in "$OUT"/trace_tree16_c8_deferred.*; do mv "$f" "${f/deferred/local}"; done
+  rm -f "$OUT/trace_tree16_c8_sync.json.gz"
+  mark "drafter service"
+  python3 -m drafter_svc --drafter $D --target $T --port 50052 --device cuda \
+    --dtype bfloat16 --max-sessions 8 --max-budget 16 >"$OUT/drafter.log" 2>&1 &
+  DS=$!
+  for _ in $(seq 1 300); do grep -q drafter_serving "$OUT/drafter.log" && break; sleep 0.5; done
+  mark "trace_engine through the drafter service"
+  timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --modes tree@16 --concurrency 1,8 --requests 40 --drafter-addr 127.0.0.1:50052 \
+    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median"
+  mv "$OUT/trace_engine.json" "$OUT/trace_engine_remote.json"
+  for f in "$OUT"/trace_tree16_c8_deferred.*; do mv "$f" "${f/deferred/remote}"; done
+  kill $DS; wait $DS 2>/dev/null
+  mark "bench in process"
+  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  (cd "$OUT" && gzip report_inprocess.json)
+  mark "colocated"
+  NUM=40 BENCH_TIMEOUT=150 placements_bench colocated --modes ar,tree --budgets 16 \
+    --concurrency 1,8
+  (cd "$OUT" && tar -czf traces.tar.gz *.txt trace_engine_*.json drafter.log && rm -f *.txt \
+    trace_engine_*.json drafter.log)
+  mark done
+  ;;
 73)
   # (after 1-3, carry .carry/g4) the engine under continuous load without the bench's
   # harness: the host's time per step part, the prefill's first tokens read after the

@@ -14,6 +14,10 @@ against the GPU's busy time, and the GPU's idle gaps with the host ops beside th
 
     python3 scripts/gpu/trace_engine.py --target T --humaneval H.jsonl.gz \\
         --modes ar,tree@16 --concurrency 1,8 --trace tree@16/c8
+
+With `--drafter-addr HOST:PORT` the engine drafts through a running drafter service
+(verifier_svc's RemoteDrafter over the gRPC Draft stream), as the verifier of the three
+processes does, without the gateway and the verifier's own gRPC.
 Writes $OUT/trace_engine.json (and $OUT/trace_*.json.gz).
 """
 
@@ -42,6 +46,8 @@ from trace_summary import main as summarise  # noqa: E402
 from ddtree.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
 from ddtree.engine.generate import build_engine  # noqa: E402
 from ddtree.sampling import SamplingParams  # noqa: E402
+from verifier_svc.drafter_client import DrafterClient  # noqa: E402
+from verifier_svc.remote_drafter import RemoteDrafter  # noqa: E402
 
 PARTS = ("_admit", "_read_prefill", "_launch", "_complete")
 
@@ -153,6 +159,14 @@ def closed_loop(engine: Engine, timed: Timed, prompts: list[list[int]], spec: An
             "round_ms": round(wall / max(rounds, 1) * 1e3, 4), **per_step}
 
 
+def remote_engine(target: Any, address: str, config: EngineConfig) -> Engine:
+    """The engine with verifier_svc's RemoteDrafter on a drafter service at `address`."""
+    client = DrafterClient(address, 10.0, 60.0, target.config)
+    client.connect(wait=True)
+    assert client.info is not None, f"no drafter at {address}"
+    return Engine(target, RemoteDrafter(client, client.info, 10.0, 60.0), config)
+
+
 def _export(profiler: Any, path: Path) -> None:
     raw = path.with_suffix("")  # trace_x.json
     profiler.export_chrome_trace(str(raw))
@@ -176,6 +190,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--trace", default="", help="mode/cC points to trace, comma list")
     parser.add_argument("--trace-steps", type=int, default=120)
     parser.add_argument("--trace-after", type=int, default=40, help="steps before a trace")
+    parser.add_argument("--drafter-addr", default="", help="draft through this drafter_svc")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     target, drafter, tokenizer = load(args, torch.bfloat16)
@@ -187,7 +202,8 @@ def main(argv: list[str]) -> int:
     rows: dict[str, Any] = {}
     variants = ("deferred", "sync") if args.sync_prefill else ("deferred",)
     for variant in variants:
-        engine = build_engine(target, drafter, config)
+        engine = (remote_engine(target, args.drafter_addr, config) if args.drafter_addr
+                  else build_engine(target, drafter, config))
         if engine.graphs.enabled:
             engine.warm_up()
         timed = Timed(engine)
@@ -201,12 +217,13 @@ def main(argv: list[str]) -> int:
                 closed_loop(engine, timed, prompts[:concurrency], SPECS[name], concurrency,
                             32, None, 0)  # this shape's first rounds (the policy, graphs)
                 row = closed_loop(engine, timed, prompts, SPECS[name], concurrency,
-                                  args.max_tokens, trace, args.trace_steps,
-                                  args.trace_after)
+                                  args.max_tokens, None, 0)
                 rows[f"{point}/{variant}"] = row
                 print(f"trace_engine {point:<12} {variant:<8} {json.dumps(row)}", flush=True)
                 (OUT / "trace_engine.json").write_text(json.dumps(rows, indent=1))
-                if trace is not None and trace.exists():
+                if trace is not None:  # again, traced (the profiler and export untimed)
+                    closed_loop(engine, timed, prompts, SPECS[name], concurrency,
+                                args.max_tokens, trace, args.trace_steps, args.trace_after)
                     summary = OUT / trace.name.replace(".json.gz", ".txt")
                     with open(summary, "w") as f, contextlib.redirect_stdout(f):
                         summarise([str(trace), "--steps", "12", "--kernels", "30"])
