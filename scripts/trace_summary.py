@@ -46,6 +46,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=3, help="steps shown in detail")
     parser.add_argument("--kernels", type=int, default=25)
     parser.add_argument("--step-name", default="engine.step")
+    parser.add_argument("--split-label", default="admit",
+                        help="totals apart for the steps where this range lasts > 0.1 ms")
     args = parser.parse_args(argv)
     events = load(args.trace)
     gpu = [e for e in events if e.get("cat") in GPU_CATS]
@@ -54,6 +56,7 @@ def main(argv: list[str]) -> int:
     steps = sorted((e for e in labels if e["name"] == args.step_name), key=lambda e: e["ts"])
     print(f"{args.trace.name}: {len(steps)} steps, {len(gpu)} GPU events")
     walls, busys = [], []
+    split = defaultdict(lambda: [0, 0.0, 0.0])  # with / without the label: steps, wall, busy
     for index, step in enumerate(steps):
         start, stop = step["ts"], step["ts"] + step["dur"]
         inside = [(max(e["ts"], start), min(e["ts"] + e["dur"], stop)) for e in gpu
@@ -61,6 +64,10 @@ def main(argv: list[str]) -> int:
         total, gaps = busy(inside)
         walls.append(step["dur"])
         busys.append(total)
+        marked = any(e["name"] == args.split_label and e["dur"] > 100 and start <= e["ts"] < stop
+                     for e in labels)
+        for value, i in ((1, 0), (step["dur"], 1), (total, 2)):
+            split[marked][i] += value
         if index >= args.steps:
             continue
         print(f"-- step {index}: wall {step['dur'] / 1e3:.3f} ms, GPU busy {total / 1e3:.3f} ms "
@@ -76,6 +83,12 @@ def main(argv: list[str]) -> int:
             print(f"   GPU idle {(gap_stop - gap_start) / 1e3:.3f} ms at "
                   f"{(gap_start - start) / 1e3:.3f}: {shown}")
     if steps:
+        print(f"all steps: wall {sum(walls) / 1e3:.1f} ms, GPU busy {sum(busys) / 1e3:.1f} ms "
+              f"({sum(busys) / max(sum(walls), 1e-9):.1%})")
+        for marked, (count, wall, gpu_busy) in sorted(split.items()):
+            print(f"  {count} steps {'with' if marked else 'without'} {args.split_label}: "
+                  f"wall {wall / 1e3:.1f} ms, GPU busy {gpu_busy / 1e3:.1f} ms "
+                  f"({gpu_busy / max(wall, 1e-9):.1%}), {wall / count / 1e3:.3f} ms a step")
         walls.sort()
         busys.sort()
         print(f"median step {walls[len(walls) // 2] / 1e3:.3f} ms, GPU busy "

@@ -334,7 +334,7 @@ case "${1:?call number}" in
   mark "trace_engine in process"
   timeout 200 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
     --modes ar,tree@16 --concurrency 1,8 --requests 40 --sync-prefill \
-    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median"
+    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median\|steps"
   mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
   for f in "$OUT"/trace_tree16_c8_deferred.*; do mv "$f" "${f/deferred/local}"; done
   rm -f "$OUT/trace_tree16_c8_sync.json.gz"
@@ -346,7 +346,7 @@ case "${1:?call number}" in
   mark "trace_engine through the drafter service"
   timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
     --modes tree@16 --concurrency 1,8 --requests 40 --drafter-addr 127.0.0.1:50052 \
-    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median"
+    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median\|steps"
   mv "$OUT/trace_engine.json" "$OUT/trace_engine_remote.json"
   for f in "$OUT"/trace_tree16_c8_deferred.*; do mv "$f" "${f/deferred/remote}"; done
   kill $DS; wait $DS 2>/dev/null
