@@ -180,7 +180,7 @@
 #   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
 #   calls 69-72 (lease 17: the last-program reduce, tree attention's group kernel) are gone
 #           with the switches they measured (docs/performance.md, fifteenth session)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|74   (results under $OUT; 61-63, 65 gone)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|75   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -326,6 +326,37 @@ PY
 }
 
 case "${1:?call number}" in
+75)
+  # (after 1-3, carry .carry/g4) with the first drafter context in graphs (ContextGraphs):
+  # the engine under continuous load in process and through a drafter service, `ddtree
+  # bench` in process, then through the gateway colocated and in three processes
+  [ -f $T/config.json ] || stage_target
+  mark "trace_engine in process"
+  timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --modes ar,tree@16 --concurrency 1,8 --requests 40 2>&1 | grep "^trace_engine"
+  mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
+  mark "drafter service"
+  python3 -m drafter_svc --drafter $D --target $T --port 50052 --device cuda \
+    --dtype bfloat16 --max-sessions 8 --max-budget 16 >"$OUT/drafter.log" 2>&1 &
+  DS=$!
+  for _ in $(seq 1 300); do grep -q drafter_serving "$OUT/drafter.log" && break; sleep 0.5; done
+  mark "trace_engine through the drafter service"
+  timeout 120 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --modes tree@16 --concurrency 1,8 --requests 40 --drafter-addr 127.0.0.1:50052 2>&1 \
+    | grep "^trace_engine"
+  mv "$OUT/trace_engine.json" "$OUT/trace_engine_remote.json"
+  kill $DS; wait $DS 2>/dev/null
+  mark "bench in process"
+  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  (cd "$OUT" && gzip report_inprocess.json)
+  mark "through the gateway"
+  NUM=40 BENCH_TIMEOUT=150 placements_bench "colocated services" --modes ar,tree \
+    --budgets 16 --concurrency 1,8
+  (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
+    trace_engine_*.json drafter.log)
+  mark done
+  ;;
 74)
   # (after 1-3, carry .carry/g4) call 73's engine trace with the admission's blocking copy
   # gone, in process and through a drafter service (the three processes' verifier engine
