@@ -488,8 +488,6 @@ class Engine:
         traffic, with the rows' real context. With a remote drafter the verify half runs
         on a scratch tree (the drafter service warms up its own half). -> shapes warmed."""
         num_shapes = 0
-        if isinstance(self.drafting, LocalDrafter):  # each prompt bucket's first context
-            num_shapes += self.drafting.context.warm_up()
         if self._static_prefill is not None:
             for layers in dict.fromkeys(((), tuple(self.feature_layers))):
                 num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers)

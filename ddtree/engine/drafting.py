@@ -18,15 +18,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ddtree.engine.graphs import GraphRunner
 from ddtree.models.drafter import DFlashDrafter
-from ddtree.models.meta import AttentionMeta
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
-
-# Token buckets of a row's first context (`ContextGraphs`): 16, 32, ... up to this many.
-MIN_CONTEXT, MAX_CONTEXT = 16, 2048
 
 
 class Drafting(Protocol):
@@ -44,8 +39,7 @@ class LocalDrafter:
     """The drafter model plus its context pool (num_slots + 1 rows: the last is scratch)."""
 
     def __init__(self, drafter: DFlashDrafter, embeddings: TargetEmbeddings, num_slots: int,
-                 max_model_len: int, backend: Backend | None = None,
-                 cuda_graphs: bool = True) -> None:
+                 max_model_len: int, backend: Backend | None = None) -> None:
         self.drafter = drafter.fuse_weights()
         self.embeddings = embeddings
         self.block_size = drafter.config.block_size
@@ -55,7 +49,6 @@ class LocalDrafter:
         # The context (up to L past the last emitted token, plus one pipelined round) plus
         # a block appended past it and a block drafted past that.
         self.pool = drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
-        self.context = ContextGraphs(self, num_slots, cuda_graphs)
 
     @property
     def depth(self) -> int:
@@ -64,10 +57,7 @@ class LocalDrafter:
 
     @torch.inference_mode()
     def start(self, slot: int, request_id: str, features: Tensor) -> None:
-        """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..),
-        through `ContextGraphs` when P fits a bucket, else eagerly. No host sync."""
-        if self.context.run(slot, features):
-            return
+        """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..)."""
         fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
         device = fused.device
         # The slot by a fill kernel: torch.tensor([slot], device=...) is a blocking copy,
@@ -91,67 +81,6 @@ class LocalDrafter:
                                     self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
                                   self.backend)
-
-
-class ContextGraphs:
-    """A row's first drafter context (its prompt's features: fc, norm, then every layer's
-    K/V stored) in static token buckets replayed as CUDA graphs: eagerly that is ~20
-    launches issued from Python, ~1-3 ms of host time per admitted row on the H200 (lease
-    18's traces, in the verifier and in the drafter service alike), while every running
-    row waits. The features go into one static buffer (the bucket's first rows); rows past
-    the prompt write the scratch row. Off on the CPU (`run` returns False), unless
-    `static` (the same padded store, eagerly: what the CPU tests check)."""
-
-    def __init__(self, local: LocalDrafter, scratch: int, cuda_graphs: bool,
-                 static: bool = False) -> None:
-        self.local = local
-        weight = local.drafter.fc.weight
-        self.graphs = GraphRunner(weight.device, cuda_graphs)
-        self.scratch = scratch
-        largest = min(MAX_CONTEXT, local.pool.max_len)
-        self.buckets: tuple[int, ...] = ()
-        if not (self.graphs.enabled or static):
-            return
-        self.buckets = tuple(b for b in (MIN_CONTEXT << i for i in range(12)) if b <= largest)
-        size = max(self.buckets, default=0)
-        self.features = torch.zeros(size, weight.shape[1], dtype=weight.dtype,
-                                    device=weight.device)
-        self.ints = torch.zeros(2, dtype=torch.long, device=weight.device)  # slot, length
-        self.positions = torch.arange(size, device=weight.device)
-
-    def run(self, slot: int, features: Tensor) -> bool:
-        """Stores the row's first context through its bucket's graph; False when the
-        prompt fits no bucket (or graphs are off): the caller runs it eagerly."""
-        num = features.shape[0]
-        size = next((b for b in self.buckets if b >= num), None)
-        if size is None:
-            return False
-        self.features[:num].copy_(features)
-        self.ints[1].fill_(num)
-        if self.graphs.enabled and size not in self.graphs:  # warm-up runs: the scratch row
-            self.ints[0].fill_(self.scratch)
-            self.graphs.capture(size, lambda: self._store(size))
-        self.ints[0].fill_(slot)
-        self.graphs.run(size, lambda: self._store(size))
-        return True
-
-    def warm_up(self) -> int:
-        """Captures every bucket (largest first) on the scratch row. -> buckets."""
-        for size in reversed(self.buckets):
-            self.run(self.scratch, self.features[:size])
-        return len(self.buckets)
-
-    def _store(self, size: int) -> None:
-        drafter = self.local.drafter
-        fused = drafter.fuse(self.features[None, :size])[0]  # (size, H)
-        positions = self.positions[:size]
-        rows = torch.where(positions < self.ints[1], self.ints[0], self.scratch)
-        zeros = torch.zeros_like(positions)
-        meta = AttentionMeta(
-            positions=positions, write_slot=rows, write_pos=positions, query_slot=rows,
-            prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None], num_tree_keys=zeros,
-            max_kv_len=0)
-        drafter.store_context(self.local.pool, meta, fused, self.local.backend)
 
 
 def propose_trees(drafter: LocalDrafter, rows: Tensor, committed: Tensor, pending: Tensor,

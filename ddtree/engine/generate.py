@@ -35,8 +35,7 @@ def build_engine(target: TargetModel, drafter: DFlashDrafter | None,
     plan = plan_pool(config, target.config, weight.device, weight.dtype, draft_bytes, depth)
     local = None
     if drafter is not None:
-        local = LocalDrafter(drafter, target.embeddings, plan.num_slots, plan.max_model_len,
-                             cuda_graphs=config.cuda_graphs)
+        local = LocalDrafter(drafter, target.embeddings, plan.num_slots, plan.max_model_len)
     return Engine(target, local, config, plan)
 
 

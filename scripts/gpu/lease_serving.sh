@@ -327,9 +327,9 @@ PY
 
 case "${1:?call number}" in
 75)
-  # (after 1-3, carry .carry/g4) with the first drafter context in graphs (ContextGraphs):
-  # the engine under continuous load in process and through a drafter service, `ddtree
-  # bench` in process, then through the gateway colocated and in three processes
+  # (after 1-3, carry .carry/g4) the engine under continuous load in process and through a
+  # drafter service, `ddtree bench` in process, then through the gateway colocated and in
+  # three processes (lease 18 ran it at 2d6c5e1, with the first drafter context in graphs)
   [ -f $T/config.json ] || stage_target
   mark "trace_engine in process"
   timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
