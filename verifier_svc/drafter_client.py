@@ -263,6 +263,17 @@ class DrafterClient:
         stream.send(request, awaited=True)
         return DraftTicket(stream, request.round_id)
 
+    def post(self, request: drafter_pb2.DraftRequest) -> None:
+        """Sends a request whose reply nobody waits for (it is dropped on arrival): a new
+        row's session opened ahead of its first drafted round. Raises DrafterUnavailable
+        when there is no stream."""
+        with self._lock:
+            stream = self._stream
+        if stream is None:
+            raise DrafterUnavailable("not connected to the drafter")
+        request.round_id = next(self._round_ids)
+        stream.send(request)
+
     def receive(self, ticket: DraftTicket, timeout_s: float) -> drafter_pb2.DraftTrees:
         """The trees of a round sent by `send` (rounds are received in the order sent)."""
         try:

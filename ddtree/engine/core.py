@@ -66,6 +66,7 @@ class InFlight:
     measurements: int  # the engine's policy measurements at launch (one since: ditto)
     auto_rows: list[int]  # indices into rows of the auto rows, whose tree size was...
     auto_choice: int  # ... the policy's choice for this round (0: none)
+    drafted: list[int]  # each row's tree nodes besides the root this round
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,7 @@ class Engine:
         elif sent:  # every row went to ar since (the policy): nothing to verify
             cast(Any, self.drafting).abandon(sent)
         timer.mark()
+        drafted = [0 if row.root_only else row.num_nodes for row in rows]
         layers = self.feature_layers if key.num_nodes else ()
         verified = self._replay(("verify", key), buffers, lambda: verify_into(
             self.state, self.target, self.pool, buffers, key, layers,
@@ -397,13 +399,19 @@ class Engine:
         done = torch.cuda.Event() if self.device.type == "cuda" else None
         if done is not None:
             done.record()
+        if key.num_nodes and self.drafting is not None and not isinstance(
+                self.drafting, LocalDrafter):
+            cast(Any, self.drafting).overlap_verify(self)  # a remote drafter's opens
         self.counters.num_rounds += 1
         self.counters.num_target_forwards += 1
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
+        auto_rows = [i for i, row in enumerate(rows) if row.follows_policy and drafted[i]]
+        for row in rows:
+            row.root_only = False
         return InFlight(rows, key, buffers.width, host, done, timer, verified.logits, started,
-                        self.graphs.num_graphs != num_graphs, measurements,
-                        [i for i, row in enumerate(rows) if row.follows_policy], auto_choice)
+                        self.graphs.num_graphs != num_graphs, measurements, auto_rows,
+                        auto_choice, drafted)
 
     def _complete(self, flight: InFlight) -> list[Output]:
         """Waits for a launched round and turns its output table into results."""
@@ -414,7 +422,8 @@ class Engine:
         self._last_round_end = finished
         stages = dict(zip(("draft", "verify"), flight.timer.seconds(), strict=True))
         table = flight.host.tolist()
-        outputs = self._harvest(flight.rows, table, flight.logits, flight.width, stages)
+        outputs = self._harvest(flight.rows, table, flight.logits, flight.width, stages,
+                                flight.drafted)
         measured = flight.measurements != self.policy_measurements  # the wait measures that
         if self.policy is not None and not flight.captured and not measured:
             # Every round's cost is its shape's, whoever's rows; acceptance only from the
@@ -574,7 +583,7 @@ class Engine:
     # ------------------------------------------------------------ after the round
 
     def _harvest(self, rows: list[Row], out: list[list[int]], logits: Tensor, width: int,
-                 stages: dict[str, float]) -> list[Output]:
+                 stages: dict[str, float], drafted: list[int]) -> list[Output]:
         outputs: list[Output] = []
         for index, row in enumerate(rows):
             if row.finished or self.running.get(row.request_id) is not row:
@@ -591,9 +600,9 @@ class Engine:
             row.bonus_token, row.num_pending = next_token, accepted
             for stage, seconds in stages.items():
                 row.stats.stage_seconds[stage] += seconds
-            row.stats.record_round(accepted, row.num_nodes)
+            row.stats.record_round(accepted, drafted[index])
             result = row.emit(tokens[1:] + [next_token], accepted, logprobs)
-            result.num_drafted_nodes = row.num_nodes
+            result.num_drafted_nodes = drafted[index]
             result.committed_tokens, result.path = tokens, path
             outputs.append((row.request_id, result))
             if row.finished:

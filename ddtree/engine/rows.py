@@ -30,6 +30,7 @@ class Row:
     force_chain: bool = False  # its tree holds the block's rank-0 chain (mode rule; auto's chain)
     last_used_s: float = 0.0  # client sessions: for the idle timeout
     group: int = 0  # with a remote drafter: which of the two alternating groups (Engine.step)
+    root_only: bool = False  # this round verifies its root alone (its drafter session opens)
 
     @property
     def follows_policy(self) -> bool:
