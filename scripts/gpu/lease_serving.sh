@@ -287,6 +287,38 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
   (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
 }
 
+trace_local() {  # trace_engine args...: the engine in process under continuous load (40
+  # requests, c1 and c8); $OUT/trace_engine_local.json, a trace renamed *_local.*
+  mark "trace_engine in process"
+  timeout 200 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --concurrency 1,8 --requests 40 "$@" 2>&1 | grep "^trace_engine\|median\|steps"
+  mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
+  for f in "$OUT"/trace_*_deferred.*; do [ -e "$f" ] && mv "$f" "${f/deferred/local}"; done
+}
+
+trace_remote() {  # trace_engine args...: tree@16 through a drafter service of its own (the
+  # three processes' verifier engine without the gateway); $OUT/trace_engine_remote.json
+  mark "drafter service"
+  python3 -m drafter_svc --drafter $D --target $T --port 50052 --device cuda \
+    --dtype bfloat16 --max-sessions 8 --max-budget 16 >"$OUT/drafter.log" 2>&1 &
+  local ds=$!
+  for _ in $(seq 1 300); do grep -q drafter_serving "$OUT/drafter.log" && break; sleep 0.5; done
+  mark "trace_engine through the drafter service"
+  timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+    --modes tree@16 --concurrency 1,8 --requests 40 --drafter-addr 127.0.0.1:50052 "$@" \
+    2>&1 | grep "^trace_engine\|median\|steps"
+  mv "$OUT/trace_engine.json" "$OUT/trace_engine_remote.json"
+  for f in "$OUT"/trace_*_deferred.*; do [ -e "$f" ] && mv "$f" "${f/deferred/remote}"; done
+  kill $ds; wait $ds 2>/dev/null
+}
+
+bench_inprocess_checked() {  # ar / tree@16 in process (40 requests), each sample against ar's
+  mark "bench in process"
+  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  (cd "$OUT" && gzip report_inprocess.json)
+}
+
 remote_profile() {  # [args]: the remote drafter's round split on the GPU (one process, loopback gRPC)
   PYTHONPATH=.:$PYTHONPATH timeout 150 python3 scripts/profile_remote_drafter.py --device cuda \
     --dtype bfloat16 --target $T --drafter $D --rows 1,4,8 --rounds 60 --prompt-len 128 "$@"
@@ -331,25 +363,9 @@ case "${1:?call number}" in
   # drafter service, `ddtree bench` in process, then through the gateway colocated and in
   # three processes (lease 18 ran it at 2d6c5e1, with the first drafter context in graphs)
   [ -f $T/config.json ] || stage_target
-  mark "trace_engine in process"
-  timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
-    --modes ar,tree@16 --concurrency 1,8 --requests 40 2>&1 | grep "^trace_engine"
-  mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
-  mark "drafter service"
-  python3 -m drafter_svc --drafter $D --target $T --port 50052 --device cuda \
-    --dtype bfloat16 --max-sessions 8 --max-budget 16 >"$OUT/drafter.log" 2>&1 &
-  DS=$!
-  for _ in $(seq 1 300); do grep -q drafter_serving "$OUT/drafter.log" && break; sleep 0.5; done
-  mark "trace_engine through the drafter service"
-  timeout 120 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
-    --modes tree@16 --concurrency 1,8 --requests 40 --drafter-addr 127.0.0.1:50052 2>&1 \
-    | grep "^trace_engine"
-  mv "$OUT/trace_engine.json" "$OUT/trace_engine_remote.json"
-  kill $DS; wait $DS 2>/dev/null
-  mark "bench in process"
-  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
-  (cd "$OUT" && gzip report_inprocess.json)
+  trace_local --modes ar,tree@16
+  trace_remote
+  bench_inprocess_checked
   mark "through the gateway"
   NUM=40 BENCH_TIMEOUT=150 placements_bench "colocated services" --modes ar,tree \
     --budgets 16 --concurrency 1,8
@@ -362,29 +378,10 @@ case "${1:?call number}" in
   # gone, in process and through a drafter service (the three processes' verifier engine
   # without the gateway), `ddtree bench` in process, then colocated through the gateway
   [ -f $T/config.json ] || stage_target
-  mark "trace_engine in process"
-  timeout 200 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
-    --modes ar,tree@16 --concurrency 1,8 --requests 40 --sync-prefill \
-    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median\|steps"
-  mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
-  for f in "$OUT"/trace_tree16_c8_deferred.*; do mv "$f" "${f/deferred/local}"; done
+  trace_local --modes ar,tree@16 --sync-prefill --trace tree@16/c8
   rm -f "$OUT/trace_tree16_c8_sync.json.gz"
-  mark "drafter service"
-  python3 -m drafter_svc --drafter $D --target $T --port 50052 --device cuda \
-    --dtype bfloat16 --max-sessions 8 --max-budget 16 >"$OUT/drafter.log" 2>&1 &
-  DS=$!
-  for _ in $(seq 1 300); do grep -q drafter_serving "$OUT/drafter.log" && break; sleep 0.5; done
-  mark "trace_engine through the drafter service"
-  timeout 150 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
-    --modes tree@16 --concurrency 1,8 --requests 40 --drafter-addr 127.0.0.1:50052 \
-    --trace tree@16/c8 2>&1 | grep "^trace_engine\|median\|steps"
-  mv "$OUT/trace_engine.json" "$OUT/trace_engine_remote.json"
-  for f in "$OUT"/trace_tree16_c8_deferred.*; do mv "$f" "${f/deferred/remote}"; done
-  kill $DS; wait $DS 2>/dev/null
-  mark "bench in process"
-  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
-  (cd "$OUT" && gzip report_inprocess.json)
+  trace_remote --trace tree@16/c8
+  bench_inprocess_checked
   mark "colocated"
   NUM=40 BENCH_TIMEOUT=150 placements_bench colocated --modes ar,tree --budgets 16 \
     --concurrency 1,8
@@ -402,10 +399,7 @@ case "${1:?call number}" in
   timeout 260 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
     --modes ${TRACE_MODES:-ar,tree@16} --concurrency 1,8 --requests 40 --sync-prefill \
     --trace tree@16/c8 2>&1 | grep -v Warn | cut -c1-400 | tail -70
-  mark "bench in process"
-  NUM=40 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
-  (cd "$OUT" && gzip report_inprocess.json)
+  bench_inprocess_checked
   mark "three processes"
   NUM=40 BENCH_TIMEOUT=150 placements_bench services --modes ar,tree --budgets 16 \
     --concurrency 1,8 || exit 3
