@@ -140,6 +140,8 @@ class RemoteDrafter:
         reply; the drafter builds their contexts while the GPU verifies. A row whose
         session fails to open finds out in its next round (unknown session) and continues
         in ar."""
+        for row in self._opening:
+            row.root_only = False  # the engine has counted this round's trees
         opening = [(i, row) for i, row in enumerate(self._opening)
                    if row.drafting and row.request_id in self._first_features]
         self._opening = []

@@ -407,8 +407,6 @@ class Engine:
         assert self.counters.batch_sizes is not None
         self.counters.batch_sizes[len(rows)] += 1
         auto_rows = [i for i, row in enumerate(rows) if row.follows_policy and drafted[i]]
-        for row in rows:
-            row.root_only = False
         return InFlight(rows, key, buffers.width, host, done, timer, verified.logits, started,
                         self.graphs.num_graphs != num_graphs, measurements, auto_rows,
                         auto_choice, drafted)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ddtree.models.drafter import DFlashDrafter
+from ddtree.models.meta import device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
@@ -60,11 +61,9 @@ class LocalDrafter:
         """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..)."""
         fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
         device = fused.device
-        # The slot by a fill kernel: torch.tensor([slot], device=...) is a blocking copy,
-        # which waited for the round in flight at every admission (lease 18's trace).
-        self.drafter.append_context(
-            self.pool, torch.full((1,), slot, dtype=torch.long, device=device),
-            torch.zeros(1, dtype=torch.long, device=device), fused, self.backend)
+        self.drafter.append_context(self.pool, device_ints([slot], device),
+                                    torch.zeros(1, dtype=torch.long, device=device), fused,
+                                    self.backend)
 
     def release(self, slot: int, request_id: str) -> None:
         """Nothing to free: the row's pool slot is reused as a whole."""

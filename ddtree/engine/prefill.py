@@ -18,7 +18,7 @@ from ddtree.engine.request import TokenLogprob
 from ddtree.engine.rows import Row
 from ddtree.engine.state import RowParams, SlotState
 from ddtree.models.kv_pool import KVPool
-from ddtree.models.meta import prompts_meta
+from ddtree.models.meta import device_ints, prompts_meta
 from ddtree.models.target import TargetModel, TargetOutput
 from ddtree.sampling import (
     STREAM_FIRST,
@@ -106,7 +106,7 @@ def launch_prefill(
     else:
         out, spans = _eager_forward(target, pool, rows, lengths, feature_layers)
     last = out.logits[: len(rows)] if is_static else out.logits[
-        torch.tensor([stop - 1 for _, stop in spans], device=out.logits.device)]  # (n, V)
+        device_ints([stop - 1 for _, stop in spans], out.logits.device)]  # (n, V)
     firsts = last.argmax(-1)  # (n,)
     for i, (row, p) in enumerate(zip(rows, params, strict=True)):
         if p.temperature != 0:
@@ -122,8 +122,7 @@ def _eager_forward(target: TargetModel, pool: KVPool, rows: Sequence[Row], lengt
     whole prompt when it asks for prompt logprobs: row i's are logits[spans[i][0]:
     spans[i][1]], its first token's the last of them."""
     device = pool.k.device
-    prompts = torch.tensor([t for row in rows for t in row.request.prompt_ids],
-                           dtype=torch.long, device=device)
+    prompts = device_ints([t for row in rows for t in row.request.prompt_ids], device)
     meta = prompts_meta([row.slot for row in rows], lengths, device)
     wanted: list[int] = []
     spans: list[tuple[int, int]] = []
@@ -134,7 +133,7 @@ def _eager_forward(target: TargetModel, pool: KVPool, rows: Sequence[Row], lengt
         wanted.extend(range(end - n, end) if row.request.prompt_logprobs else (end - 1,))
         spans.append((begin, len(wanted)))
     out = target(prompts, meta, pool, feature_layers,
-                 logit_rows=torch.tensor(wanted, device=device))
+                 logit_rows=device_ints(wanted, device))
     return out, spans
 
 
@@ -145,8 +144,7 @@ def choose_token(logits: Tensor, params: RowParams, seed: int) -> Tensor:
         return logits.argmax(-1)
     device = logits.device
     sampling = SamplingParams(params.temperature, params.top_k, params.top_p)
-    seed_row = torch.full((1,), seed_to_int64(seed), dtype=torch.long, device=device)  # no sync
-    rows = RowSampling.of(sampling, 1, device, seed_row)
+    rows = RowSampling.of(sampling, 1, device, device_ints([seed_to_int64(seed)], device))
     probs = row_target_probs(logits[None], rows)[0]  # (1, V)
     counter = torch.zeros(1, dtype=torch.long, device=device)
     return sample_race(probs, counter_uniform(rows.seed, counter, STREAM_FIRST, probs.shape[-1]))

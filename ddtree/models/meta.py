@@ -10,6 +10,7 @@ CUDA graph; only `max_kv_len` is a Python int (it sizes the attention grid).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,12 +82,20 @@ def causal_meta(slot: int, start: int, num_tokens: int, device: torch.device) ->
     )
 
 
+def device_ints(values: Sequence[int], device: torch.device) -> Tensor:
+    """Host integers as an int64 tensor on `device`, without a host sync
+    (`torch.tensor(values, device=...)` is a blocking copy: it waits for every kernel
+    already enqueued, the round in flight too, lease 18). The pageable source is staged
+    before the call returns, so it may be freed at once."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
 def prompts_meta(slots: list[int], lengths: list[int], device: torch.device) -> AttentionMeta:
     """Several rows' prompts in one forward: row i's `lengths[i]` tokens at positions 0 ..
     lengths[i]-1 of pool row `slots[i]`, each causal within its own row (batched prefill).
     Every token's keys and arithmetic are those of its row's prefill alone."""
-    count = torch.tensor(lengths, device=device)
-    rows = torch.repeat_interleave(torch.tensor(slots, dtype=torch.long, device=device), count)
+    count = device_ints(lengths, device)
+    rows = torch.repeat_interleave(device_ints(slots, device), count)
     starts = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
     positions = torch.arange(rows.shape[0], device=device) - starts
     zeros = torch.zeros_like(positions)
