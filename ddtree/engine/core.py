@@ -116,6 +116,9 @@ class Engine:
         self._static_prefill = PrefillGraphs(
             self.graphs, self.state.scratch, self.plan.max_len, self.plan.num_slots,
             config.max_prefill_tokens, self.device) if static else None
+        # A local drafter's first context is stored by the prefill's own forward (its
+        # graph); a remote one gets each row's prompt features (`Drafting.start`).
+        self._prefill_context = drafting if isinstance(drafting, LocalDrafter) else None
         self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
         self.waiting: deque[Row] = deque()
         self.running: dict[str, Row] = {}  # request id -> row, in admission order
@@ -328,13 +331,14 @@ class Engine:
                 row.stats.mode = "ar"
 
     def _prefill(self, rows: list[Row]) -> _Admission:
-        """Enqueues the rows' prefill and the drafter's first context (device work only:
-        the prompt features stay on the device)."""
+        """Enqueues the rows' prefill and the drafter's first context (device work only: a
+        local drafter's is stored by the prefill's forward; a remote drafter is handed each
+        drafting row's prompt features, on the device)."""
         started = time.perf_counter()
         params = [RowParams.of(row.request, row.num_nodes, row.seed) for row in rows]
         layers = self.feature_layers if any(row.drafting for row in rows) else ()
         launched = launch_prefill(self.target, self.pool, self.state, rows, params, layers,
-                                  self._static_prefill)
+                                  self._static_prefill, self._prefill_context)
         self.counters.num_target_forwards += 1
         for row, features in zip(rows, launched.features, strict=True):
             row.committed_len = len(row.request.prompt_ids)
@@ -497,7 +501,8 @@ class Engine:
         num_shapes = 0
         if self._static_prefill is not None:
             for layers in dict.fromkeys(((), tuple(self.feature_layers))):
-                num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers)
+                num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers,
+                                                           self._prefill_context)
         choices = self.policy.choices if self.policy is not None else ()
         context = self.drafting.block_size if self.drafting is not None else 1
         for batch in sorted(self.plan.batch_buckets, reverse=True):

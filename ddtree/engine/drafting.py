@@ -7,8 +7,9 @@
 - `verifier_svc.drafter_client.RemoteDrafter`: the same step over the gRPC Draft stream
   (the drafter service runs a `LocalDrafter` on its side).
 
-The engine asks a drafter for: `start` (a row's prompt features once, after its prefill),
-`release` (the row ended) and, per round, draft trees for a batch of rows.
+The engine asks a drafter for: `start` (a row's prompt features once, after its prefill;
+a `LocalDrafter` stores them inside the prefill instead, `store_prompts`), `release` (the
+row ended) and, per round, draft trees for a batch of rows.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ddtree.models.drafter import DFlashDrafter
-from ddtree.models.meta import device_ints
+from ddtree.models.meta import AttentionMeta, device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
@@ -64,6 +65,14 @@ class LocalDrafter:
         self.drafter.append_context(self.pool, device_ints([slot], device),
                                     torch.zeros(1, dtype=torch.long, device=device), fused,
                                     self.backend)
+
+    def store_prompts(self, features: Tensor, meta: AttentionMeta) -> None:
+        """The first context of every prompt of a prefill in one go: features (T, k*H)
+        of the prefill's tokens, meta its AttentionMeta (each token's pool row and
+        position; padding tokens go to the scratch row). No host sync: the engine's
+        prefill runs it inside its forward, in the static prefill's CUDA graph too."""
+        fused = self.drafter.fuse(features.to(self.drafter.fc.weight.dtype))  # (T, H)
+        self.drafter.store_context(self.pool, fused, meta, self.backend)
 
     def release(self, slot: int, request_id: str) -> None:
         """Nothing to free: the row's pool slot is reused as a whole."""

@@ -7,7 +7,9 @@ Per (mode, concurrency): tok/s, tau, rows per round, steps, and the host's secon
 step in each part of `Engine.step` (admission and prefill launch, the prefill's first
 tokens, the round's launch, the previous round's completion). `--sync-prefill` adds each
 point again with the prefill's first tokens read right after the prefill (the engine
-before the prefill stopped draining the pipeline: an A/B in one run). `--trace M/cC`
+before the prefill stopped draining the pipeline: an A/B in one run); `--eager-context`
+adds it with the local drafter's first context stored eagerly from each row's prompt
+features (`LocalDrafter.start`, as before the prefill's graph stored it). `--trace M/cC`
 records a torch.profiler trace of that point's steps (`--trace-steps` of them, after
 `--trace-after`) and prints scripts/trace_summary.py's reading of it: each step's wall time
 against the GPU's busy time, and the GPU's idle gaps with the host ops beside them.
@@ -187,6 +189,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sync-prefill", action="store_true",
                         help="each point again with the prefill read at once (A/B)")
+    parser.add_argument("--eager-context", action="store_true",
+                        help="each point again with the drafter's first context eager (A/B)")
     parser.add_argument("--trace", default="", help="mode/cC points to trace, comma list")
     parser.add_argument("--trace-steps", type=int, default=120)
     parser.add_argument("--trace-after", type=int, default=40, help="steps before a trace")
@@ -200,10 +204,13 @@ def main(argv: list[str]) -> int:
                           max_model_len=max(map(len, prompts)) + args.max_tokens + 16)
     traced = set(filter(None, args.trace.split(",")))
     rows: dict[str, Any] = {}
-    variants = ("deferred", "sync") if args.sync_prefill else ("deferred",)
+    variants = ("deferred", *(("sync",) if args.sync_prefill else ()),
+                *(("eager_context",) if args.eager_context else ()))
     for variant in variants:
         engine = (remote_engine(target, args.drafter_addr, config) if args.drafter_addr
                   else build_engine(target, drafter, config))
+        if variant == "eager_context":
+            engine._prefill_context = None  # each row's features through start()
         if engine.graphs.enabled:
             engine.warm_up()
         timed = Timed(engine)
