@@ -180,7 +180,13 @@
 #   call 68 (after 0-3) colocated, ar / tree@16, 160 requests, two gateway processes then one
 #   calls 69-72 (lease 17: the last-program reduce, tree attention's group kernel) are gone
 #           with the switches they measured (docs/performance.md, fifteenth session)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|75   (results under $OUT; 61-63, 65 gone)
+#   calls 73-75 (lease 18) the engine's closed loop in process and through a drafter
+#           service, `ddtree bench` in process, the gateway in both placements (40 requests)
+#   call 76 (after 0-3; seventeenth session) call 75's engine loops with the drafter's
+#           first context stored eagerly as well (A/B in one run), then `ddtree bench` in
+#           process; call 77 (warm) three processes, call 78 (warm) colocated: ar / tree@16
+#           c1 / c8 through the gateway, 160 requests, two client processes
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|78   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -290,7 +296,7 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
 trace_local() {  # trace_engine args...: the engine in process under continuous load (40
   # requests, c1 and c8); $OUT/trace_engine_local.json, a trace renamed *_local.*
   mark "trace_engine in process"
-  timeout 200 python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
+  timeout "${TRACE_TIMEOUT:-200}" python3 scripts/gpu/trace_engine.py --target $T --drafter $D --humaneval $H \
     --concurrency 1,8 --requests 40 "$@" 2>&1 | grep "^trace_engine\|median\|steps"
   mv "$OUT/trace_engine.json" "$OUT/trace_engine_local.json"
   for f in "$OUT"/trace_*_deferred.*; do [ -e "$f" ] && mv "$f" "${f/deferred/local}"; done
@@ -358,6 +364,22 @@ PY
 }
 
 case "${1:?call number}" in
+76)
+  [ -f $T/config.json ] || stage_target
+  TRACE_TIMEOUT=300 trace_local --modes ar,tree@16 --eager-context
+  trace_remote
+  bench_inprocess_checked
+  (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
+    trace_engine_*.json drafter.log)
+  mark done
+  ;;
+77|78)
+  [ -f $T/config.json ] || stage_target
+  placement=$([ "$1" = 78 ] && echo colocated || echo services)
+  NUM=160 BENCH_TIMEOUT=500 CLIENTS=2 placements_bench $placement --modes ar,tree \
+    --budgets 16 --concurrency 1,8 || exit 3
+  mark done
+  ;;
 75)
   # (after 1-3, carry .carry/g4) the engine under continuous load in process and through a
   # drafter service, `ddtree bench` in process, then through the gateway colocated and in
