@@ -116,9 +116,11 @@ class Engine:
         self._static_prefill = PrefillGraphs(
             self.graphs, self.state.scratch, self.plan.max_len, self.plan.num_slots,
             config.max_prefill_tokens, self.device) if static else None
-        # A local drafter's first context is stored by the prefill's own forward (its
-        # graph); a remote one gets each row's prompt features (`Drafting.start`).
-        self._prefill_context = drafting if isinstance(drafting, LocalDrafter) else None
+        # Each drafting row's prompt features go to the drafter (`Drafting.start`). The
+        # local drafter's first context may instead be stored by the prefill's own forward
+        # (its graph: `LocalDrafter.store_prompts`); measured slower on the H200 (lease 19:
+        # tree@16 c8 -12% in process), so off unless set here (trace_engine's A/B).
+        self._prefill_context: LocalDrafter | None = None
         self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
         self.waiting: deque[Row] = deque()
         self.running: dict[str, Row] = {}  # request id -> row, in admission order

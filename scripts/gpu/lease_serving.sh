@@ -366,11 +366,18 @@ PY
 case "${1:?call number}" in
 76)
   [ -f $T/config.json ] || stage_target
-  TRACE_TIMEOUT=300 trace_local --modes ar,tree@16 --eager-context
+  TRACE_TIMEOUT=300 trace_local --modes ar,tree@16 --graph-context
   trace_remote
   bench_inprocess_checked
   (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
     trace_engine_*.json drafter.log)
+  mark done
+  ;;
+79)
+  # (warm) the prefill's drafter context A/B at tree@16 c8 in process, each traced
+  [ -f $T/config.json ] || stage_target
+  TRACE_TIMEOUT=300 trace_local --modes tree@16 --concurrency 8 --graph-context \
+    --trace tree@16/c8
   mark done
   ;;
 77|78)

@@ -7,9 +7,10 @@ Per (mode, concurrency): tok/s, tau, rows per round, steps, and the host's secon
 step in each part of `Engine.step` (admission and prefill launch, the prefill's first
 tokens, the round's launch, the previous round's completion). `--sync-prefill` adds each
 point again with the prefill's first tokens read right after the prefill (the engine
-before the prefill stopped draining the pipeline: an A/B in one run); `--eager-context`
-adds it with the local drafter's first context stored eagerly from each row's prompt
-features (`LocalDrafter.start`, as before the prefill's graph stored it). `--trace M/cC`
+before the prefill stopped draining the pipeline: an A/B in one run); `--graph-context`
+adds it with the local drafter's first context stored by the prefill's own forward (in
+its CUDA graph, `LocalDrafter.store_prompts`) instead of eagerly from each row's prompt
+features. `--trace M/cC`
 records a torch.profiler trace of that point's steps (`--trace-steps` of them, after
 `--trace-after`) and prints scripts/trace_summary.py's reading of it: each step's wall time
 against the GPU's busy time, and the GPU's idle gaps with the host ops beside them.
@@ -46,6 +47,7 @@ from engine_bench import OUT, SPECS, humaneval_prompts, load, sync  # noqa: E402
 from trace_summary import main as summarise  # noqa: E402
 
 from ddtree.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
+from ddtree.engine.drafting import LocalDrafter  # noqa: E402
 from ddtree.engine.generate import build_engine  # noqa: E402
 from ddtree.sampling import SamplingParams  # noqa: E402
 from verifier_svc.drafter_client import DrafterClient  # noqa: E402
@@ -189,8 +191,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sync-prefill", action="store_true",
                         help="each point again with the prefill read at once (A/B)")
-    parser.add_argument("--eager-context", action="store_true",
-                        help="each point again with the drafter's first context eager (A/B)")
+    parser.add_argument("--graph-context", action="store_true",
+                        help="each point again with the drafter's first context in the "
+                        "prefill's graph (A/B)")
     parser.add_argument("--trace", default="", help="mode/cC points to trace, comma list")
     parser.add_argument("--trace-steps", type=int, default=120)
     parser.add_argument("--trace-after", type=int, default=40, help="steps before a trace")
@@ -205,12 +208,12 @@ def main(argv: list[str]) -> int:
     traced = set(filter(None, args.trace.split(",")))
     rows: dict[str, Any] = {}
     variants = ("deferred", *(("sync",) if args.sync_prefill else ()),
-                *(("eager_context",) if args.eager_context else ()))
+                *(("graph_context",) if args.graph_context else ()))
     for variant in variants:
         engine = (remote_engine(target, args.drafter_addr, config) if args.drafter_addr
                   else build_engine(target, drafter, config))
-        if variant == "eager_context":
-            engine._prefill_context = None  # each row's features through start()
+        if variant == "graph_context" and isinstance(engine.drafting, LocalDrafter):
+            engine._prefill_context = engine.drafting  # stored by the prefill's forward
         if engine.graphs.enabled:
             engine.warm_up()
         timed = Timed(engine)

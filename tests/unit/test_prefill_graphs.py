@@ -93,9 +93,9 @@ def test_the_prefill_stores_each_prompts_first_drafter_context(pair, static: boo
     for in_prefill in (True, False):
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=96, static_prefill=static))
-        assert (engine._prefill_context is engine.drafting) and engine.drafting is not None
-        if not in_prefill:
-            engine._prefill_context = None  # each row's features through start()
+        assert engine._prefill_context is None and engine.drafting is not None
+        if in_prefill:
+            engine._prefill_context = engine.drafting  # type: ignore[assignment]
         for i, prompt in enumerate(prompts):
             engine.add_request(f"r{i}", GenerationRequest(
                 prompt, 4, SamplingParams(), SpecParams("tree", 8)))
