@@ -279,8 +279,8 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
   local placements=$1; shift
   for placement in $placements; do
     mark "serve ($placement)"
-    SERVE_ARGS=$([ $placement = colocated ] && echo --colocate-drafter) start_serve "_$placement" \
-      || return 3
+    SERVE_ARGS="$([ $placement = colocated ] && echo --colocate-drafter) ${EXTRA_SERVE:-}" \
+      start_serve "_$placement" || return 3
     mark "healthy ($placement)"
     grep -h warmed_up "$OUT/serve_$placement.log" | cut -c1-200
     timeout "${BENCH_TIMEOUT:-170}" python3 -m ddtree.cli bench --url http://127.0.0.1:8000 \
@@ -371,6 +371,14 @@ case "${1:?call number}" in
   bench_inprocess_checked
   (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
     trace_engine_*.json drafter.log)
+  mark done
+  ;;
+80)
+  # (after 0-3, carry .carry/g4) call 77 again on another machine, --max-num-seqs 8 (the
+  # drafter service's warm-up then covers batches 1-8 only: 191 s in call 77)
+  [ -f $T/config.json ] || stage_target
+  NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 EXTRA_SERVE="--max-num-seqs 8" placements_bench \
+    services --modes ar,tree --budgets 16 --concurrency 1,8 || exit 3
   mark done
   ;;
 79)
