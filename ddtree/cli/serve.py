@@ -92,6 +92,10 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
             python, "-m", "drafter_svc", "--drafter", drafter, *placed(args.drafter_gpu),
             "--host", LOOPBACK, "--port", str(args.drafter_port),
             "--max-model-len", str(args.max_model_len),
+            # One session per verifier row: the drafter's pool and the batch sizes its
+            # start-up warms follow the verifier's (64 rows by default; lease 19 saw a
+            # 203 s warm-up of batches up to 64 behind --max-num-seqs 8).
+            "--max-sessions", str(args.max_num_seqs),
         ]))
     verifier = [
         python, "-m", "verifier_svc", *placed(args.verifier_gpu), "--host", LOOPBACK,

@@ -21,6 +21,8 @@ def test_drafter_and_verifier_go_to_the_gpus_asked_for() -> None:
     verifier = commands["verifier"]
     assert verifier[verifier.index("--max-num-seqs") + 1] == "32"
     assert "--no-batch-invariant" in verifier
+    drafter = commands["drafter"]  # one draft session per verifier row
+    assert drafter[drafter.index("--max-sessions") + 1] == "32"
 
 
 def test_without_placement_both_follow_device() -> None:
