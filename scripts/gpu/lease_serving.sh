@@ -185,8 +185,11 @@
 #   call 76 (after 0-3; seventeenth session) call 75's engine loops with the drafter's
 #           first context stored eagerly as well (A/B in one run), then `ddtree bench` in
 #           process; call 77 (warm) three processes, call 78 (warm) colocated: ar / tree@16
-#           c1 / c8 through the gateway, 160 requests, two client processes
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|78   (results under $OUT; 61-63, 65 gone)
+#           c1 / c8 through the gateway, 160 requests, two client processes; call 80
+#           call 77 again (--max-num-seqs 8); call 79 (warm) the drafter context A/B at
+#           tree@16 c8, traced; call 81 (after 0-3) alternating halves through a drafter
+#           service A/B, then call 79
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|81   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -371,6 +374,16 @@ case "${1:?call number}" in
   bench_inprocess_checked
   (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
     trace_engine_*.json drafter.log)
+  mark done
+  ;;
+81)
+  # (after 0-3, carry .carry/g4) through a drafter service (the three processes' verifier
+  # engine without the gateway): tree@16 c1 / c8 with the halves taking turns and without
+  # (lease 6 measured alternation slower; the hop has changed since), then call 79
+  [ -f $T/config.json ] || stage_target
+  trace_remote --alternate
+  TRACE_TIMEOUT=300 trace_local --modes tree@16 --concurrency 8 --graph-context \
+    --trace tree@16/c8
   mark done
   ;;
 80)

@@ -10,7 +10,9 @@ point again with the prefill's first tokens read right after the prefill (the en
 before the prefill stopped draining the pipeline: an A/B in one run); `--graph-context`
 adds it with the local drafter's first context stored by the prefill's own forward (in
 its CUDA graph, `LocalDrafter.store_prompts`) instead of eagerly from each row's prompt
-features. `--trace M/cC`
+features; with `--drafter-addr`, `--alternate` adds it with the batch's two halves taking
+turns (`EngineConfig.alternate`: one half's drafter hop beside the other's verify).
+`--trace M/cC`
 records a torch.profiler trace of that point's steps (`--trace-steps` of them, after
 `--trace-after`) and prints scripts/trace_summary.py's reading of it: each step's wall time
 against the GPU's busy time, and the GPU's idle gaps with the host ops beside them.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gzip
 import json
@@ -194,6 +197,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--graph-context", action="store_true",
                         help="each point again with the drafter's first context in the "
                         "prefill's graph (A/B)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="each point again with alternating halves (A/B; remote only)")
     parser.add_argument("--trace", default="", help="mode/cC points to trace, comma list")
     parser.add_argument("--trace-steps", type=int, default=120)
     parser.add_argument("--trace-after", type=int, default=40, help="steps before a trace")
@@ -208,10 +213,12 @@ def main(argv: list[str]) -> int:
     traced = set(filter(None, args.trace.split(",")))
     rows: dict[str, Any] = {}
     variants = ("deferred", *(("sync",) if args.sync_prefill else ()),
-                *(("graph_context",) if args.graph_context else ()))
+                *(("graph_context",) if args.graph_context else ()),
+                *(("alternate",) if args.alternate and args.drafter_addr else ()))
     for variant in variants:
-        engine = (remote_engine(target, args.drafter_addr, config) if args.drafter_addr
-                  else build_engine(target, drafter, config))
+        run_config = dataclasses.replace(config, alternate=variant == "alternate")
+        engine = (remote_engine(target, args.drafter_addr, run_config) if args.drafter_addr
+                  else build_engine(target, drafter, run_config))
         if variant == "graph_context" and isinstance(engine.drafting, LocalDrafter):
             engine._prefill_context = engine.drafting  # stored by the prefill's forward
         if engine.graphs.enabled:
