@@ -333,9 +333,9 @@ class Engine:
                 row.stats.mode = "ar"
 
     def _prefill(self, rows: list[Row]) -> _Admission:
-        """Enqueues the rows' prefill and the drafter's first context (device work only: a
-        local drafter's is stored by the prefill's forward; a remote drafter is handed each
-        drafting row's prompt features, on the device)."""
+        """Enqueues the rows' prefill and the drafter's first context (device work only:
+        each drafting row's prompt features go to the drafter on the device, or the
+        prefill's forward stores a local drafter's with `_prefill_context`)."""
         started = time.perf_counter()
         params = [RowParams.of(row.request, row.num_nodes, row.seed) for row in rows]
         layers = self.feature_layers if any(row.drafting for row in rows) else ()
