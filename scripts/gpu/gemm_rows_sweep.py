@@ -1,11 +1,12 @@
 """Whether the invariant GEMM may pick its M x N tiles from the number of rows: at the demo
 target's shapes, each weight's committed tiling against the same BLOCK_K / split-K / stages
 with other BLOCK_M, BLOCK_N and warp counts, at T = 1 (ar), 33 (one tree of 32), 132 and
-264 (8 trees of 16 and 32), timed inside CUDA graphs; every candidate's output compared
+264 (8 trees of 16 and 32) by default, or `--rows` (e.g. the static prefill's token
+buckets, 256,512,1024,2048), timed inside CUDA graphs; every candidate's output compared
 bitwise with the committed tiling's on the same rows (K order unchanged: if the MMA's
 per-element sums do not depend on the tile's M and N, the rows stay bitwise the same).
 
-    python3 scripts/gpu/gemm_rows_sweep.py [--json-out FILE]
+    python3 scripts/gpu/gemm_rows_sweep.py [--rows 1,33,132,264] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SHAPES = [
     ("down", 576, 1536, None, False),
     ("lm_head", 49152, 576, torch.float32, False),
 ]
-ROWS = (1, 33, 132, 264)
+ROWS = (1, 33, 132, 264)  # the default --rows
 
 
 def candidates(committed: LinearConfig) -> list[LinearConfig]:
@@ -49,22 +50,22 @@ def candidates(committed: LinearConfig) -> list[LinearConfig]:
 
 
 def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None,
-          epilogue: bool) -> list[dict]:
+          epilogue: bool, row_counts: tuple[int, ...] = ROWS) -> list[dict]:
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     inputs = {t: [torch.randn(t, k, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
-              for t in ROWS}
+              for t in row_counts}
 
     def run(config: LinearConfig) -> Callable[[torch.Tensor], torch.Tensor]:
         return gemm(weight, out_dtype, epilogue, config)
 
     committed = committed_config(weight, epilogue)
-    expected = {t: run(committed)(inputs[t][0]) for t in ROWS}
+    expected = {t: run(committed)(inputs[t][0]) for t in row_counts}
     rows = []
     for config in candidates(committed):
         try:
             fn = run(config)
-            times = {t: round(graph_us(fn, inputs[t]), 2) for t in ROWS}
-            same = all(torch.equal(fn(inputs[t][0]), expected[t]) for t in ROWS)
+            times = {t: round(graph_us(fn, inputs[t]), 2) for t in row_counts}
+            same = all(torch.equal(fn(inputs[t][0]), expected[t]) for t in row_counts)
         except Exception as exc:  # noqa: BLE001 - a tiling the compiler refuses
             print(f"  {name} {config}: {type(exc).__name__}", flush=True)
             continue
@@ -73,21 +74,24 @@ def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None,
         c = config
         print(f"{name:<15} m{c.block_m:<4} n{c.block_n:<4} w{c.num_warps} "
               f"{'*' if config == committed else ' '} "
-              + " ".join(f"T{t}:{times[t]:7.2f}" for t in ROWS)
+              + " ".join(f"T{t}:{times[t]:7.2f}" for t in row_counts)
               + f"  bitwise {same}", flush=True)
     return rows
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)),
+                        help="row counts T, comma-separated")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
-    results = {name: sweep(name, n, k, out_dtype, epilogue)
+    row_counts = tuple(int(t) for t in args.rows.split(","))
+    results = {name: sweep(name, n, k, out_dtype, epilogue, row_counts)
                for name, n, k, out_dtype, epilogue in SHAPES}
     for name, rows in results.items():  # the summary: committed vs the best bitwise-equal
         committed = next(r for r in rows if r["committed"])
         line = f"{name:<15}"
-        for t in ROWS:
+        for t in row_counts:
             best = min((r for r in rows if r["bitwise_as_committed"]), key=lambda r: r["us"][t])
             line += (f" | T{t} {committed['us'][t]:.1f} -> {best['us'][t]:.1f} "
                      f"(m{best['config']['block_m']} n{best['config']['block_n']} "

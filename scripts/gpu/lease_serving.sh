@@ -188,8 +188,9 @@
 #           c1 / c8 through the gateway, 160 requests, two client processes; call 80
 #           call 77 again (--max-num-seqs 8); call 79 (warm) the drafter context A/B at
 #           tree@16 c8, traced; call 81 (after 0-3) alternating halves through a drafter
-#           service A/B, then call 79
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|81   (results under $OUT; 61-63, 65 gone)
+#           service A/B, then call 79; call 82 (no staging) the GEMM row tiles at the
+#           prefill's token buckets
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|82   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -374,6 +375,15 @@ case "${1:?call number}" in
   bench_inprocess_checked
   (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
     trace_engine_*.json drafter.log)
+  mark done
+  ;;
+82)
+  # (after 0, or on any machine: random weights, no staging) the invariant GEMM's row
+  # tiles at the static prefill's token buckets (an admission's ~2.2 ms of GPU is mostly
+  # its GEMMs at the tiles swept for <= 264 rows; wider M tiles keep the K order)
+  mark "gemm rows sweep at prefill sizes"
+  timeout 500 python3 scripts/gpu/gemm_rows_sweep.py --rows 128,256,512,1024,2048 \
+    --json-out "$OUT/gemm_rows_prefill.json" 2>&1 | grep -v Warn | tail -60
   mark done
   ;;
 81)
