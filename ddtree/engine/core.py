@@ -116,11 +116,6 @@ class Engine:
         self._static_prefill = PrefillGraphs(
             self.graphs, self.state.scratch, self.plan.max_len, self.plan.num_slots,
             config.max_prefill_tokens, self.device) if static else None
-        # Each drafting row's prompt features go to the drafter (`Drafting.start`). The
-        # local drafter's first context may instead be stored by the prefill's own forward
-        # (its graph: `LocalDrafter.store_prompts`); measured slower on the H200 (lease 19:
-        # tree@16 c8 -12% in process), so off unless set here (trace_engine's A/B).
-        self._prefill_context: LocalDrafter | None = None
         self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
         self.waiting: deque[Row] = deque()
         self.running: dict[str, Row] = {}  # request id -> row, in admission order
@@ -334,13 +329,12 @@ class Engine:
 
     def _prefill(self, rows: list[Row]) -> _Admission:
         """Enqueues the rows' prefill and the drafter's first context (device work only:
-        each drafting row's prompt features go to the drafter on the device, or the
-        prefill's forward stores a local drafter's with `_prefill_context`)."""
+        the prompt features stay on the device)."""
         started = time.perf_counter()
         params = [RowParams.of(row.request, row.num_nodes, row.seed) for row in rows]
         layers = self.feature_layers if any(row.drafting for row in rows) else ()
         launched = launch_prefill(self.target, self.pool, self.state, rows, params, layers,
-                                  self._static_prefill, self._prefill_context)
+                                  self._static_prefill)
         self.counters.num_target_forwards += 1
         for row, features in zip(rows, launched.features, strict=True):
             row.committed_len = len(row.request.prompt_ids)
@@ -405,9 +399,8 @@ class Engine:
         done = torch.cuda.Event() if self.device.type == "cuda" else None
         if done is not None:
             done.record()
-        if key.num_nodes and self.drafting is not None and not isinstance(
-                self.drafting, LocalDrafter):
-            cast(Any, self.drafting).overlap_verify(self)  # a remote drafter's opens
+        if key.num_nodes and self.drafting is not None:
+            self.drafting.overlap_verify(self)  # a remote drafter opens new rows' sessions
         self.counters.num_rounds += 1
         self.counters.num_target_forwards += 1
         assert self.counters.batch_sizes is not None
@@ -503,8 +496,7 @@ class Engine:
         num_shapes = 0
         if self._static_prefill is not None:
             for layers in dict.fromkeys(((), tuple(self.feature_layers))):
-                num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers,
-                                                           self._prefill_context)
+                num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers)
         choices = self.policy.choices if self.policy is not None else ()
         context = self.drafting.block_size if self.drafting is not None else 1
         for batch in sorted(self.plan.batch_buckets, reverse=True):

@@ -8,20 +8,19 @@
   (the drafter service runs a `LocalDrafter` on its side).
 
 The engine asks a drafter for: `start` (a row's prompt features once, after its prefill),
-`release` (the row ended) and, per round, draft trees for a batch of rows.
-(`LocalDrafter.store_prompts` can store the first context inside the prefill's forward
-instead: measured slower on the H200, lease 19, so the engine does not by default.)
+`release` (the row ended), per round draft trees for a batch of rows, and tells it when
+the round's verify is launched (`overlap_verify`: work that may run beside it).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from ddtree.models.drafter import DFlashDrafter
-from ddtree.models.meta import AttentionMeta, device_ints
+from ddtree.models.meta import device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
@@ -36,6 +35,8 @@ class Drafting(Protocol):
     def start(self, slot: int, request_id: str, features: Tensor) -> None: ...
 
     def release(self, slot: int, request_id: str) -> None: ...
+
+    def overlap_verify(self, engine: Any) -> None: ...
 
 
 class LocalDrafter:
@@ -67,16 +68,11 @@ class LocalDrafter:
                                     torch.zeros(1, dtype=torch.long, device=device), fused,
                                     self.backend)
 
-    def store_prompts(self, features: Tensor, meta: AttentionMeta) -> None:
-        """The first context of every prompt of a prefill in one go: features (T, k*H)
-        of the prefill's tokens, meta its AttentionMeta (each token's pool row and
-        position; padding tokens go to the scratch row). No host sync: the engine's
-        prefill runs it inside its forward, in the static prefill's CUDA graph too."""
-        fused = self.drafter.fuse(features.to(self.drafter.fc.weight.dtype))  # (T, H)
-        self.drafter.store_context(self.pool, fused, meta, self.backend)
-
     def release(self, slot: int, request_id: str) -> None:
         """Nothing to free: the row's pool slot is reused as a whole."""
+
+    def overlap_verify(self, engine: Any) -> None:
+        """Nothing to do beside the verify: a row's first context is stored at `start`."""
 
     def draft_logits(self, rows: Tensor, committed: Tensor, pending: Tensor,
                      num_pending: Tensor, bonus: Tensor) -> Tensor:

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from ddtree.acceptance import sample_race
-from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.logprobs import token_logprobs
 from ddtree.engine.prefill_graphs import PrefillGraphs, prompt_features
 from ddtree.engine.request import TokenLogprob
@@ -38,7 +37,7 @@ def prefill_rows(
     params: Sequence[RowParams], feature_layers: Sequence[int],
     static: PrefillGraphs | None = None,
 ) -> list[Prefilled]:
-    """`launch_prefill` (the prompt features returned), then its results at once."""
+    """`launch_prefill`, then its results at once."""
     return launch_prefill(target, pool, state, rows, params, feature_layers, static).read()
 
 
@@ -90,26 +89,22 @@ class LaunchedPrefill:
 def launch_prefill(
     target: TargetModel, pool: KVPool, state: SlotState, rows: Sequence[Row],
     params: Sequence[RowParams], feature_layers: Sequence[int],
-    static: PrefillGraphs | None = None, context: LocalDrafter | None = None,
+    static: PrefillGraphs | None = None,
 ) -> LaunchedPrefill:
     """Several rows' prompts in ONE target forward (batched prefill; the kernels make each
     row's K/V, logits and features those of its prefill alone), in static shapes through
     `static` when it is given and the step fits it (no prompt logprobs); every row's state
-    set on the device. With `context` (the engine's local drafter) the forward also stores
-    every prompt's first drafter context (inside the static prefill's graph too) and no
-    features are returned; without it each row's prompt features are. No host sync:
-    `LaunchedPrefill.read` gives the results."""
+    set on the device. No host sync: `LaunchedPrefill.read` gives the results."""
     lengths = [len(row.request.prompt_ids) for row in rows]
     prompts = [row.request.prompt_ids for row in rows]
     is_static = (static is not None and static.fits(sum(lengths), len(rows))
                  and not any(row.request.prompt_logprobs for row in rows))
     if is_static:
         assert static is not None
-        out = static.forward(target, pool, prompts, [row.slot for row in rows], feature_layers,
-                             context=context)
+        out = static.forward(target, pool, prompts, [row.slot for row in rows], feature_layers)
         spans = [(i, i + 1) for i in range(len(rows))]  # row i's last-token logits: row i
     else:
-        out, spans = _eager_forward(target, pool, rows, lengths, feature_layers, context)
+        out, spans = _eager_forward(target, pool, rows, lengths, feature_layers)
     last = out.logits[: len(rows)] if is_static else out.logits[
         device_ints([stop - 1 for _, stop in spans], out.logits.device)]  # (n, V)
     firsts = last.argmax(-1)  # (n,)
@@ -117,18 +112,15 @@ def launch_prefill(
         if p.temperature != 0:
             firsts[i] = choose_token(last[i:i + 1], p, row.seed)[0]
         state.start_row(row.slot, lengths[i], firsts[i:i + 1], p)
-    features = prompt_features(None if context is not None else out.features, lengths,
-                               copy=is_static)
+    features = prompt_features(out.features, lengths, copy=is_static)
     return LaunchedPrefill(rows, out, spans, firsts, features)
 
 
 def _eager_forward(target: TargetModel, pool: KVPool, rows: Sequence[Row], lengths: list[int],
-                   feature_layers: Sequence[int], context: LocalDrafter | None,
-                   ) -> tuple[TargetOutput, list[tuple[int, int]]]:
-    """The prompts' forward in their exact shape (and the drafter's first context of
-    each, with `context`). Logits of each row's last token, of its whole prompt when it
-    asks for prompt logprobs: row i's are logits[spans[i][0]:spans[i][1]], its first
-    token's the last of them."""
+                   feature_layers: Sequence[int]) -> tuple[TargetOutput, list[tuple[int, int]]]:
+    """The prompts' forward in their exact shape. Logits of each row's last token, of its
+    whole prompt when it asks for prompt logprobs: row i's are logits[spans[i][0]:
+    spans[i][1]], its first token's the last of them."""
     device = pool.k.device
     prompts = device_ints([t for row in rows for t in row.request.prompt_ids], device)
     meta = prompts_meta([row.slot for row in rows], lengths, device)
@@ -142,8 +134,6 @@ def _eager_forward(target: TargetModel, pool: KVPool, rows: Sequence[Row], lengt
         spans.append((begin, len(wanted)))
     out = target(prompts, meta, pool, feature_layers,
                  logit_rows=device_ints(wanted, device))
-    if context is not None and out.features is not None:
-        context.store_prompts(out.features, meta)
     return out, spans
 
 

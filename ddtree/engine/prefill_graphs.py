@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.graphs import GraphRunner
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.meta import AttentionMeta
@@ -91,24 +90,21 @@ class PrefillGraphs:
     def fits(self, num_tokens: int, num_rows: int) -> bool:
         return num_tokens <= self.buckets[-1] and num_rows <= self.num_rows
 
-    def warm_up(self, target: TargetModel, pool: KVPool, feature_layers: Sequence[int],
-                context: LocalDrafter | None = None) -> int:
+    def warm_up(self, target: TargetModel, pool: KVPool, feature_layers: Sequence[int]) -> int:
         """Captures every bucket (largest first) on a one-token prompt in the scratch row,
         before any request: a bucket's graph does not depend on how much of it the
         prompts fill. -> buckets captured."""
         for size in reversed(self.buckets):
-            self.forward(target, pool, [[0]], [self.scratch], feature_layers, size, context)
+            self.forward(target, pool, [[0]], [self.scratch], feature_layers, size)
         return len(self.buckets)
 
     def forward(self, target: TargetModel, pool: KVPool, prompts: Sequence[Sequence[int]],
                 slots: Sequence[int], feature_layers: Sequence[int],
-                size: int | None = None, context: LocalDrafter | None = None) -> TargetOutput:
+                size: int | None = None) -> TargetOutput:
         """The prompts' forward (the caller checked `fits`) in the smallest bucket that
         holds them (or bucket `size`): logits (R, V) float32 whose row i is prompt i's
         last token; features (T, k*H) of the padded token sequence (the prompts back to
-        back from row 0) or None. Both are the graph's static outputs. With `context`
-        (a local drafter; feature layers given) the same graph stores each prompt's
-        first drafter context (the padding's goes to the scratch row)."""
+        back from row 0) or None. Both are the graph's static outputs."""
         total = sum(len(p) for p in prompts)
         size = size or next(b for b in self.buckets if b >= total)
         buffers = self._buffers.get(size)
@@ -118,15 +114,11 @@ class PrefillGraphs:
             self._buffers[size] = buffers
         buffers.fill(prompts, slots, self.scratch)
         layers = tuple(feature_layers)
-        store = context if layers else None
 
         def run() -> TargetOutput:
-            out = target(buffers.ids, buffers.meta, pool, layers, logit_rows=buffers.logit_rows)
-            if store is not None and out.features is not None:
-                store.store_prompts(out.features, buffers.meta)
-            return out
+            return target(buffers.ids, buffers.meta, pool, layers, logit_rows=buffers.logit_rows)
 
-        key = ("prefill", size, layers, store is not None)
+        key = ("prefill", size, layers)
         if self.graphs.enabled and key not in self.graphs:
             # The warm-up runs really execute: they write the same K/V the replay writes.
             self.graphs.capture(key, run)

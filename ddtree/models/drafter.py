@@ -166,20 +166,13 @@ class DFlashDrafter(nn.Module):
         """Writes every layer's context K (k_norm, RoPE) and V of `fused` (B, C, H) at
         slots start[b] + j of rows `slots` (B,); start: (B,) int64, also the position of
         the first row. No host sync; the caller advances its lengths by the rows it
-        means to keep (rows past them are overwritten by the next block)."""
-        batch, num_new, hidden = fused.shape
-        self.store_context(pool, fused.reshape(batch * num_new, hidden),
-                           context_meta(slots, start, num_new), backend)
-
-    def store_context(self, pool: KVPool, x: Tensor, meta: AttentionMeta,
-                      backend: Backend = REFERENCE) -> None:
-        """Writes every layer's context K (k_norm, RoPE at meta.positions[t]) and V of
-        the fused rows x (T, H), row t at meta.write_pos[t] of pool row
-        meta.write_slot[t]: any layout, a block per row or prompts back to back as the
-        target's prefill lays them out. No host sync; capturable in a CUDA graph.
+        means to keep (rows past them are overwritten by the next block).
 
         Each layer is the attention prologue alone: the fused QKV projection and the
         RoPE + store kernel (its q is not needed; computing it costs less than a launch)."""
+        batch, num_new, hidden = fused.shape
+        meta = context_meta(slots, start, num_new)
+        x = fused.reshape(batch * num_new, hidden)  # (T, H)
         for i, module in enumerate(self.layers):
             attn = cast(DraftLayer, module).self_attn
             assert attn.qkv_weight is not None, "call DFlashDrafter.fuse_weights() first"

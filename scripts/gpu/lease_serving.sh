@@ -182,13 +182,11 @@
 #           with the switches they measured (docs/performance.md, fifteenth session)
 #   calls 73-75 (lease 18) the engine's closed loop in process and through a drafter
 #           service, `ddtree bench` in process, the gateway in both placements (40 requests)
-#   call 76 (after 0-3; seventeenth session) call 75's engine loops with the drafter's
-#           first context stored eagerly as well (A/B in one run), then `ddtree bench` in
-#           process; call 77 (warm) three processes, call 78 (warm) colocated: ar / tree@16
+#   call 76 (after 0-3; seventeenth session) call 75's engine loops, then `ddtree bench`
+#           in process (lease 19 ran it with the prefill's drafter context A/B, gone since); call 77 (warm) three processes, call 78 (warm) colocated: ar / tree@16
 #           c1 / c8 through the gateway, 160 requests, two client processes; call 80
-#           call 77 again (--max-num-seqs 8); call 79 (warm) the drafter context A/B at
-#           tree@16 c8, traced; call 81 (after 0-3) alternating halves through a drafter
-#           service A/B, then call 79; call 82 (no staging) the GEMM row tiles at the
+#           call 77 again (--max-num-seqs 8); call 81 (after 0-3) alternating halves
+#           through a drafter service A/B; call 82 (no staging) the GEMM row tiles at the
 #           prefill's token buckets
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|82   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
@@ -369,8 +367,10 @@ PY
 
 case "${1:?call number}" in
 76)
+  # (ran at 9caa371, whose prefill stored the drafter's first context in its graph and
+  # trace_engine --eager-context A/B'd it; both gone since: git show 66ef1ae)
   [ -f $T/config.json ] || stage_target
-  TRACE_TIMEOUT=300 trace_local --modes ar,tree@16 --graph-context
+  TRACE_TIMEOUT=300 trace_local --modes ar,tree@16
   trace_remote
   bench_inprocess_checked
   (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
@@ -389,11 +389,9 @@ case "${1:?call number}" in
 81)
   # (after 0-3, carry .carry/g4) through a drafter service (the three processes' verifier
   # engine without the gateway): tree@16 c1 / c8 with the halves taking turns and without
-  # (lease 6 measured alternation slower; the hop has changed since), then call 79
+  # (lease 6 measured alternation slower; the hop has changed since)
   [ -f $T/config.json ] || stage_target
   trace_remote --alternate
-  TRACE_TIMEOUT=300 trace_local --modes tree@16 --concurrency 8 --graph-context \
-    --trace tree@16/c8
   mark done
   ;;
 80)
@@ -402,13 +400,6 @@ case "${1:?call number}" in
   [ -f $T/config.json ] || stage_target
   NUM=160 BENCH_TIMEOUT=400 CLIENTS=2 EXTRA_SERVE="--max-num-seqs 8" placements_bench \
     services --modes ar,tree --budgets 16 --concurrency 1,8 || exit 3
-  mark done
-  ;;
-79)
-  # (warm) the prefill's drafter context A/B at tree@16 c8 in process, each traced
-  [ -f $T/config.json ] || stage_target
-  TRACE_TIMEOUT=300 trace_local --modes tree@16 --concurrency 8 --graph-context \
-    --trace tree@16/c8
   mark done
   ;;
 77|78)

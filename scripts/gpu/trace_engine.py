@@ -7,10 +7,8 @@ Per (mode, concurrency): tok/s, tau, rows per round, steps, and the host's secon
 step in each part of `Engine.step` (admission and prefill launch, the prefill's first
 tokens, the round's launch, the previous round's completion). `--sync-prefill` adds each
 point again with the prefill's first tokens read right after the prefill (the engine
-before the prefill stopped draining the pipeline: an A/B in one run); `--graph-context`
-adds it with the local drafter's first context stored by the prefill's own forward (in
-its CUDA graph, `LocalDrafter.store_prompts`) instead of eagerly from each row's prompt
-features; with `--drafter-addr`, `--alternate` adds it with the batch's two halves taking
+before the prefill stopped draining the pipeline: an A/B in one run); with
+`--drafter-addr`, `--alternate` adds it with the batch's two halves taking
 turns (`EngineConfig.alternate`: one half's drafter hop beside the other's verify).
 `--trace M/cC`
 records a torch.profiler trace of that point's steps (`--trace-steps` of them, after
@@ -50,7 +48,6 @@ from engine_bench import OUT, SPECS, humaneval_prompts, load, sync  # noqa: E402
 from trace_summary import main as summarise  # noqa: E402
 
 from ddtree.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
-from ddtree.engine.drafting import LocalDrafter  # noqa: E402
 from ddtree.engine.generate import build_engine  # noqa: E402
 from ddtree.sampling import SamplingParams  # noqa: E402
 from verifier_svc.drafter_client import DrafterClient  # noqa: E402
@@ -194,9 +191,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sync-prefill", action="store_true",
                         help="each point again with the prefill read at once (A/B)")
-    parser.add_argument("--graph-context", action="store_true",
-                        help="each point again with the drafter's first context in the "
-                        "prefill's graph (A/B)")
     parser.add_argument("--alternate", action="store_true",
                         help="each point again with alternating halves (A/B; remote only)")
     parser.add_argument("--trace", default="", help="mode/cC points to trace, comma list")
@@ -213,14 +207,11 @@ def main(argv: list[str]) -> int:
     traced = set(filter(None, args.trace.split(",")))
     rows: dict[str, Any] = {}
     variants = ("deferred", *(("sync",) if args.sync_prefill else ()),
-                *(("graph_context",) if args.graph_context else ()),
                 *(("alternate",) if args.alternate and args.drafter_addr else ()))
     for variant in variants:
         run_config = dataclasses.replace(config, alternate=variant == "alternate")
         engine = (remote_engine(target, args.drafter_addr, run_config) if args.drafter_addr
                   else build_engine(target, drafter, run_config))
-        if variant == "graph_context" and isinstance(engine.drafting, LocalDrafter):
-            engine._prefill_context = engine.drafting  # stored by the prefill's forward
         if engine.graphs.enabled:
             engine.warm_up()
         timed = Timed(engine)

@@ -80,32 +80,3 @@ def test_requests_arriving_between_rounds_get_static_prefills_too(pair) -> None:
         served[static] = tokens
     assert served[True] == served[False]
     assert all(len(t) == 12 for t in served[True].values())
-
-
-@pytest.mark.parametrize("static", [True, False])
-def test_the_prefill_stores_each_prompts_first_drafter_context(pair, static: bool) -> None:
-    """A local drafter's first context is written by the prefill's own forward (inside
-    the static prefill's graph on the GPU): the K/V that `LocalDrafter.start` writes from
-    each row's prompt features, and nothing in a row that no prompt took."""
-    target, drafter = pair
-    prompts = [[5, 6, 7, 8, 9], [3, 4], [9, 8, 7, 6, 5, 4, 3]]
-    pools = []
-    for in_prefill in (True, False):
-        engine = build_engine(target, drafter, EngineConfig(
-            max_num_seqs=4, max_model_len=96, static_prefill=static))
-        assert engine._prefill_context is None and engine.drafting is not None
-        if in_prefill:
-            engine._prefill_context = engine.drafting  # type: ignore[assignment]
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"r{i}", GenerationRequest(
-                prompt, 4, SamplingParams(), SpecParams("tree", 8)))
-        assert engine._admit() is not None
-        pools.append(engine.drafting.pool)  # type: ignore[attr-defined]
-    stored, started = pools
-    for slot, prompt in enumerate(prompts):  # rows are taken lowest first
-        for got, want in ((stored.k, started.k), (stored.v, started.v)):
-            assert want[:, slot, :len(prompt)].abs().sum() > 0
-            torch.testing.assert_close(got[:, slot, :len(prompt)], want[:, slot, :len(prompt)],
-                                       rtol=1e-5, atol=1e-6)  # the fc's GEMM over T rows
-            assert not got[:, slot, len(prompt):].any()
-    assert not stored.k[:, len(prompts)].any() and not stored.v[:, len(prompts)].any()
