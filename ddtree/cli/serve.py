@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-model-len", type=int, default=0, help="0 = the target's")
     parser.add_argument("--max-num-seqs", type=int, default=64,
                         help="generations holding a KV row at once (more wait in a queue)")
+    parser.add_argument("--max-budget", type=int, default=256,
+                        help="largest tree a request may ask for; the drafter warms its "
+                             "graphs up to it (a smaller one starts faster)")
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                         help="batch-invariant GEMMs: every mode serves the ar tokens in bf16")
     parser.add_argument("--colocate-drafter", action="store_true",
@@ -95,12 +98,13 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
             # One session per verifier row: the drafter's pool and the batch sizes its
             # start-up warms follow the verifier's (64 rows by default; lease 19 saw a
             # 203 s warm-up of batches up to 64 behind --max-num-seqs 8).
-            "--max-sessions", str(args.max_num_seqs),
+            "--max-sessions", str(args.max_num_seqs), "--max-budget", str(args.max_budget),
         ]))
     verifier = [
         python, "-m", "verifier_svc", *placed(args.verifier_gpu), "--host", LOOPBACK,
         "--port", str(args.verifier_port), "--mode", args.mode, "--budget", str(args.budget),
         "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+        "--max-budget", str(args.max_budget),
         "--batch-invariant" if args.batch_invariant else "--no-batch-invariant",
     ]
     if args.max_topk:
@@ -164,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
                                   or args.tensor_parallel_size != 1):
         raise DDTreeError("--colocate-drafter runs the drafter on the verifier's device: "
                           "it excludes --drafter-gpu and --tensor-parallel-size > 1")
+    if not 1 <= args.budget <= args.max_budget:
+        raise DDTreeError(f"--budget must be in [1, --max-budget {args.max_budget}], "
+                          f"got {args.budget}")
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
     check_dirs(target, drafter)
     gateway_url = f"http://{LOOPBACK if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"

@@ -377,6 +377,41 @@ case "${1:?call number}" in
     trace_engine_*.json drafter.log)
   mark done
   ;;
+83)
+  # (after 0-3 with py-spy among the wheels, carry .carry/g4) where the three processes'
+  # host time goes: `ddtree serve --max-budget 16 --max-num-seqs 8` (a short drafter
+  # warm-up), tree@16 through the gateway at c8 (160 requests, two client processes)
+  # without then with py-spy sampling the verifier, drafter and gateway (nonblocking, idle
+  # threads too, per thread), then c1 (40 requests) with it; raw stacks in $OUT
+  [ -f $T/config.json ] || stage_target
+  mark "serve (services, --max-budget 16 --max-num-seqs 8)"
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
+  grep -h warmed_up "$OUT/serve_prof.log" | cut -c1-200
+  SPY=/tmp/site/bin/py-spy
+  $SPY dump --pid "$(cat $OUT/pids/verifier.pid)" >/dev/null 2>"$OUT/pyspy_check.txt" \
+    && echo "py-spy dump ok" || { echo "py-spy refused:"; head -3 "$OUT/pyspy_check.txt"; }
+  for point in "8 160 0" "8 160 1" "1 40 1"; do
+    set -- $point
+    mark "tree@16 c$1, $2 requests, py-spy $3"
+    if [ "$3" = 1 ]; then
+      for svc in verifier drafter gateway; do
+        (sleep 4; timeout 30 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 10 \
+          --rate 250 --nonblocking --idle --threads --format raw \
+          -o "$OUT/spy_c$1_$svc.txt" >/dev/null 2>&1) &
+      done
+    fi
+    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts $2 --num-requests $2 --max-tokens 256 --no-progress --client-processes 2 \
+      --modes tree --budgets 16 --concurrency $1 --json-out "$OUT/report_c$1_$3.json" 2>&1 \
+      | grep humaneval
+    wait
+    curl -s http://127.0.0.1:8000/metrics | grep -E "batch_size" | grep -v "^#" \
+      > "$OUT/metrics_c$1_$3.txt"
+  done
+  kill $S; wait $S 2>/dev/null
+  (cd "$OUT" && gzip -f spy_*.txt report_*.json 2>/dev/null; gzip -f serve_prof.log)
+  mark done
+  ;;
 82)
   # (after 0, or on any machine: random weights, no staging) the invariant GEMM's row
   # tiles at the static prefill's token buckets (an admission's ~2.2 ms of GPU is mostly

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ddtree.cli import build_parser
 from ddtree.cli.serve import service_commands
+from ddtree.errors import DDTreeError
 
 
 def device_of(argv: list[str]) -> str:
@@ -14,7 +17,7 @@ def device_of(argv: list[str]) -> str:
 def test_drafter_and_verifier_go_to_the_gpus_asked_for() -> None:
     args = build_parser().parse_args([
         "serve", "--target", "t", "--drafter", "d", "--drafter-gpu", "1", "--verifier-gpu", "0",
-        "--max-num-seqs", "32", "--no-batch-invariant"])
+        "--max-num-seqs", "32", "--max-budget", "64", "--no-batch-invariant"])
     commands = dict(service_commands(args, "t", "d"))
     assert device_of(commands["drafter"]) == "cuda:1"
     assert device_of(commands["verifier"]) == "cuda:0"
@@ -23,6 +26,16 @@ def test_drafter_and_verifier_go_to_the_gpus_asked_for() -> None:
     assert "--no-batch-invariant" in verifier
     drafter = commands["drafter"]  # one draft session per verifier row
     assert drafter[drafter.index("--max-sessions") + 1] == "32"
+    # Requests and the drafter's warm-up share one bound on the tree size.
+    assert drafter[drafter.index("--max-budget") + 1] == "64"
+    assert verifier[verifier.index("--max-budget") + 1] == "64"
+
+
+def test_a_default_budget_over_max_budget_is_refused_before_any_child_starts() -> None:
+    args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d",
+                                      "--budget", "32", "--max-budget", "16"])
+    with pytest.raises(DDTreeError, match="--budget must be in"):
+        args.func(args)
 
 
 def test_without_placement_both_follow_device() -> None:
