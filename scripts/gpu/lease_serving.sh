@@ -188,7 +188,9 @@
 #           call 77 again (--max-num-seqs 8); call 81 (after 0-3) alternating halves
 #           through a drafter service A/B; call 82 (no staging) the GEMM row tiles at the
 #           prefill's token buckets
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|82   (results under $OUT; 61-63, 65 gone)
+#   call 83 (after 0-3 with py-spy's wheel in .whl; eighteenth session) the three processes
+#           at tree@16 c8 / c1 with py-spy on each (SPY_ARGS=--gil: the GIL's holder only)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|83   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -382,7 +384,8 @@ case "${1:?call number}" in
   # host time goes: `ddtree serve --max-budget 16 --max-num-seqs 8` (a short drafter
   # warm-up), tree@16 through the gateway at c8 (160 requests, two client processes)
   # without then with py-spy sampling the verifier, drafter and gateway (nonblocking, idle
-  # threads too, per thread), then c1 (40 requests) with it; raw stacks in $OUT
+  # threads too, per thread; SPY_ARGS=--gil: only the threads holding the GIL), then c1
+  # (40 requests) with it; raw stacks in $OUT
   [ -f $T/config.json ] || stage_target
   mark "serve (services, --max-budget 16 --max-num-seqs 8)"
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
@@ -390,21 +393,22 @@ case "${1:?call number}" in
   SPY=/tmp/site/bin/py-spy
   $SPY dump --pid "$(cat $OUT/pids/verifier.pid)" >/dev/null 2>"$OUT/pyspy_check.txt" \
     && echo "py-spy dump ok" || { echo "py-spy refused:"; head -3 "$OUT/pyspy_check.txt"; }
-  for point in "8 160 0" "8 160 1" "1 40 1"; do
-    set -- $point
+  for point in "8 160 1" "1 40 1"; do
+    set -- $point; spies=""
     mark "tree@16 c$1, $2 requests, py-spy $3"
     if [ "$3" = 1 ]; then
       for svc in verifier drafter gateway; do
         (sleep 4; timeout 30 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 10 \
-          --rate 250 --nonblocking --idle --threads --format raw \
+          --rate 250 --nonblocking ${SPY_ARGS:---idle} --threads --format raw \
           -o "$OUT/spy_c$1_$svc.txt" >/dev/null 2>&1) &
+        spies="$spies $!"
       done
     fi
     timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
       --num-prompts $2 --num-requests $2 --max-tokens 256 --no-progress --client-processes 2 \
       --modes tree --budgets 16 --concurrency $1 --json-out "$OUT/report_c$1_$3.json" 2>&1 \
       | grep humaneval
-    wait
+    [ -n "$spies" ] && wait $spies
     curl -s http://127.0.0.1:8000/metrics | grep -E "batch_size" | grep -v "^#" \
       > "$OUT/metrics_c$1_$3.txt"
   done
