@@ -385,7 +385,7 @@ case "${1:?call number}" in
   # warm-up), tree@16 through the gateway at c8 (160 requests, two client processes)
   # without then with py-spy sampling the verifier, drafter and gateway (nonblocking, idle
   # threads too, per thread; SPY_ARGS=--gil: only the threads holding the GIL), then c1
-  # (40 requests) with it; raw stacks in $OUT
+  # (160 requests: the same prompts) with it; raw stacks in $OUT
   [ -f $T/config.json ] || stage_target
   mark "serve (services, --max-budget 16 --max-num-seqs 8)"
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
@@ -393,7 +393,7 @@ case "${1:?call number}" in
   SPY=/tmp/site/bin/py-spy
   $SPY dump --pid "$(cat $OUT/pids/verifier.pid)" >/dev/null 2>"$OUT/pyspy_check.txt" \
     && echo "py-spy dump ok" || { echo "py-spy refused:"; head -3 "$OUT/pyspy_check.txt"; }
-  for point in "8 160 1" "1 40 1"; do
+  for point in "8 160 1" "1 160 1"; do  # one prompt set at both (acceptance differs by set)
     set -- $point; spies=""
     mark "tree@16 c$1, $2 requests, py-spy $3"
     if [ "$3" = 1 ]; then
