@@ -383,7 +383,7 @@ case "${1:?call number}" in
   # (after 0-3 with py-spy among the wheels, carry .carry/g4) where the three processes'
   # host time goes: `ddtree serve --max-budget 16 --max-num-seqs 8` (a short drafter
   # warm-up), tree@16 through the gateway at c8 (160 requests, two client processes)
-  # without then with py-spy sampling the verifier, drafter and gateway (nonblocking, idle
+  # with py-spy sampling the verifier, drafter and gateway (nonblocking, idle
   # threads too, per thread; SPY_ARGS=--gil: only the threads holding the GIL), then c1
   # (160 requests: the same prompts) with it; raw stacks in $OUT
   [ -f $T/config.json ] || stage_target
