@@ -224,15 +224,13 @@ class Scheduler:
             if not self.engine.has_work:
                 continue
             try:
-                outputs = self.engine.step()
+                # New rows' first tokens go out when read, before the step's round ends.
+                outputs = self.engine.step(early=self._deliver_all)
             except Exception as exc:  # a bug, not a request's fault: fail loudly, live on
                 log.exception("step_failed")
                 self._fail_all(exc)
                 continue
-            outboxes = {self._deliver(request_id, result) for request_id, result in outputs}
-            for outbox in outboxes:
-                if outbox is not None:
-                    outbox.flush()
+            self._deliver_all(outputs)
 
     def _take_jobs(self, wait: bool) -> list[Callable[[], None] | None]:
         """Every queued job; blocks (a while) for the first one when there is no work."""
@@ -252,6 +250,14 @@ class Scheduler:
     def _admit(self, generation: Generation) -> None:
         self.engine.add_request(generation.request_id, generation.request)
         self._generations[generation.request_id] = generation
+
+    def _deliver_all(self, outputs: list[tuple[str, RoundResult]]) -> None:
+        """Hands each result to its generation; each GenerateMany stream's writer is woken
+        once for all of them."""
+        outboxes = {self._deliver(request_id, result) for request_id, result in outputs}
+        for outbox in outboxes:
+            if outbox is not None:
+                outbox.flush()
 
     def _deliver(self, request_id: str, result: RoundResult) -> Outbox | None:
         """-> the outbox to flush once the step's results are all in (None: nothing to)."""

@@ -124,10 +124,14 @@ class EngineThread:
     def _step(self) -> None:
         assert self._engine is not None
         try:
-            outputs = self._engine.step()
+            # New rows' first tokens are timed when read, as a server sends them.
+            outputs = self._engine.step(early=self._deliver_all)
         except Exception as exc:  # a bug, not a request's: every waiting send raises it
             self._fail_all(exc)
             return
+        self._deliver_all(outputs)
+
+    def _deliver_all(self, outputs: list[tuple[str, RoundResult]]) -> None:
         now = time.perf_counter()
         for request_id, result in outputs:
             self._deliver(request_id, result, now)

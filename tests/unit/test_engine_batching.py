@@ -175,6 +175,49 @@ def test_rows_that_their_first_token_ends_leave_while_the_others_run(pair) -> No
         assert served[0][f"r{i}"] == alone(target, drafter, mixed[i])
 
 
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_first_tokens_go_out_early_and_nothing_else_changes(pair, pipeline: bool) -> None:
+    """step(early=...) hands each admitted row's first token to `early` as soon as it is
+    read, before the step returns its round's results; the served tokens, their order per
+    generation, and the finished flags are those of a step without it (rows that their
+    first token ends included)."""
+    target, drafter = pair
+    reqs = requests(target.config.vocab_size, sampled=True)
+    reqs += [GenerationRequest(reqs[0].prompt_ids, 1, spec=SpecParams("tree", 16),
+                               ignore_eos=True)]
+    plain = run_all(build_engine(target, drafter, EngineConfig(
+        max_num_seqs=3, max_model_len=96, pipeline=pipeline)), reqs)
+    engine = build_engine(target, drafter, EngineConfig(
+        max_num_seqs=3, max_model_len=96, pipeline=pipeline))
+    for i, request in enumerate(reqs):
+        engine.add_request(f"r{i}", request)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(reqs))}
+    finished: list[str] = []
+    early_ids: list[str] = []
+
+    def take(outputs) -> None:
+        for request_id, result in outputs:
+            assert request_id not in finished  # nothing after a generation's end
+            tokens[request_id] += result.new_tokens
+            if result.finished:
+                finished.append(request_id)
+
+    def early(outputs) -> None:
+        for request_id, result in outputs:
+            assert not tokens[request_id], "a first token comes first"
+            assert len(result.new_tokens) == 1
+            early_ids.append(request_id)
+        take(outputs)
+
+    while engine.has_work:
+        returned = engine.step(early=early)
+        assert not any(not tokens[rid] for rid, _ in returned)  # first tokens went early
+        take(returned)
+    assert tokens == plain
+    assert sorted(early_ids) == sorted(tokens) and sorted(finished) == sorted(tokens)
+    assert engine.slots.num_used == 0
+
+
 def test_greedy_ar_rounds_take_the_short_path_and_match_the_tree_walk(pair, monkeypatch) -> None:
     """A round of greedy ar rows skips the one-node tree walk and the compaction
     (`round._verify_greedy_ar`): same tokens, same pool, same state as the generic path."""
