@@ -178,9 +178,9 @@ def test_rows_that_their_first_token_ends_leave_while_the_others_run(pair) -> No
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_first_tokens_go_out_early_and_nothing_else_changes(pair, pipeline: bool) -> None:
     """step(early=...) hands each admitted row's first token to `early` as soon as it is
-    read, before the step returns its round's results; the served tokens, their order per
-    generation, and the finished flags are those of a step without it (rows that their
-    first token ends included)."""
+    read, before the step returns its round's results; every generation's tokens are
+    those of steps without it, and each ends exactly once (rows that their first token
+    ends included)."""
     target, drafter = pair
     reqs = requests(target.config.vocab_size, sampled=True)
     reqs += [GenerationRequest(reqs[0].prompt_ids, 1, spec=SpecParams("tree", 16),
