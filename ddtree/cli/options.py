@@ -20,12 +20,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
 
 
+DEFAULT_BUDGET = 32  # tree nodes besides the root
+
+
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default="auto",
                         help="auto (default): the load-following policy picks ar, the chain "
                              "or a tree size per row from measured acceptance and round "
                              "cost; tree: always a tree of --budget nodes")
-    parser.add_argument("--budget", type=int, default=32, help="tree node budget")
+    parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="tree node budget")
     parser.add_argument("--max-topk", type=int, default=None, help="branching cap per depth")
 
 

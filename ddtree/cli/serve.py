@@ -27,7 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from ddtree.cli.options import add_model_options, add_spec_options, resolve_pair_dirs
+from ddtree.cli.options import (
+    DEFAULT_BUDGET,
+    add_model_options,
+    add_spec_options,
+    resolve_pair_dirs,
+)
 from ddtree.cli.supervisor import Child, Supervisor
 from ddtree.errors import DDTreeError
 
@@ -52,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="generations holding a KV row at once (more wait in a queue)")
     parser.add_argument("--max-budget", type=int, default=256,
                         help="largest tree a request may ask for; the drafter warms its "
-                             "graphs up to it (a smaller one starts faster)")
+                             "graphs up to it (a smaller one starts faster); --budget "
+                             "defaults to the smaller of 32 and this")
+    parser.set_defaults(budget=None)  # min(DEFAULT_BUDGET, --max-budget) unless given
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                         help="batch-invariant GEMMs: every mode serves the ar tokens in bf16")
     parser.add_argument("--colocate-drafter", action="store_true",
@@ -76,6 +83,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-token", default=os.environ.get("DDTREE_GRPC_TOKEN", ""),
                         help="shared token of the gRPC links (env DDTREE_GRPC_TOKEN)")
     parser.set_defaults(func=run)
+
+
+def default_budget(args: argparse.Namespace) -> int:
+    """--budget, or the usual default within --max-budget when not given."""
+    return args.budget if args.budget is not None else min(DEFAULT_BUDGET, args.max_budget)
 
 
 def service_commands(args: argparse.Namespace, target: str, drafter: str | None
@@ -102,7 +114,8 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
         ]))
     verifier = [
         python, "-m", "verifier_svc", *placed(args.verifier_gpu), "--host", LOOPBACK,
-        "--port", str(args.verifier_port), "--mode", args.mode, "--budget", str(args.budget),
+        "--port", str(args.verifier_port), "--mode", args.mode,
+        "--budget", str(default_budget(args)),
         "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
         "--max-budget", str(args.max_budget),
         "--batch-invariant" if args.batch_invariant else "--no-batch-invariant",
@@ -168,9 +181,9 @@ def run(args: argparse.Namespace) -> int:
                                   or args.tensor_parallel_size != 1):
         raise DDTreeError("--colocate-drafter runs the drafter on the verifier's device: "
                           "it excludes --drafter-gpu and --tensor-parallel-size > 1")
-    if not 1 <= args.budget <= args.max_budget:
+    if args.max_budget < 1 or not 1 <= default_budget(args) <= args.max_budget:
         raise DDTreeError(f"--budget must be in [1, --max-budget {args.max_budget}], "
-                          f"got {args.budget}")
+                          f"got {default_budget(args)}")
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
     check_dirs(target, drafter)
     gateway_url = f"http://{LOOPBACK if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"

@@ -31,11 +31,22 @@ def test_drafter_and_verifier_go_to_the_gpus_asked_for() -> None:
     assert verifier[verifier.index("--max-budget") + 1] == "64"
 
 
-def test_a_default_budget_over_max_budget_is_refused_before_any_child_starts() -> None:
+def test_a_budget_over_max_budget_is_refused_before_any_child_starts() -> None:
     args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d",
                                       "--budget", "32", "--max-budget", "16"])
     with pytest.raises(DDTreeError, match="--budget must be in"):
         args.func(args)
+
+
+def test_without_budget_the_default_budget_fits_max_budget() -> None:
+    def budget_of(*extra: str) -> str:
+        args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d", *extra])
+        verifier = dict(service_commands(args, "t", "d"))["verifier"]
+        return verifier[verifier.index("--budget") + 1]
+
+    assert budget_of() == "32"
+    assert budget_of("--max-budget", "16") == "16"
+    assert budget_of("--budget", "8", "--max-budget", "16") == "8"
 
 
 def test_without_placement_both_follow_device() -> None:
