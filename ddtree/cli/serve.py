@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run drafter, verifier and OpenAI gateway locally")
     add_model_options(parser)
     add_spec_options(parser)
+    parser.set_defaults(budget=None)  # min(DEFAULT_BUDGET, --max-budget) unless given
     parser.add_argument("--host", default=LOOPBACK, help="the gateway's bind address")
     parser.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
     parser.add_argument("--gateway-workers", type=int, default=1,
@@ -58,8 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-budget", type=int, default=256,
                         help="largest tree a request may ask for; the drafter warms its "
                              "graphs up to it (a smaller one starts faster); --budget "
-                             "defaults to the smaller of 32 and this")
-    parser.set_defaults(budget=None)  # min(DEFAULT_BUDGET, --max-budget) unless given
+                             f"defaults to the smaller of {DEFAULT_BUDGET} and this")
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                         help="batch-invariant GEMMs: every mode serves the ar tokens in bf16")
     parser.add_argument("--colocate-drafter", action="store_true",
@@ -181,9 +181,10 @@ def run(args: argparse.Namespace) -> int:
                                   or args.tensor_parallel_size != 1):
         raise DDTreeError("--colocate-drafter runs the drafter on the verifier's device: "
                           "it excludes --drafter-gpu and --tensor-parallel-size > 1")
-    if args.max_budget < 1 or not 1 <= default_budget(args) <= args.max_budget:
+    budget = default_budget(args)
+    if not 1 <= budget <= args.max_budget:
         raise DDTreeError(f"--budget must be in [1, --max-budget {args.max_budget}], "
-                          f"got {default_budget(args)}")
+                          f"got {budget}")
     target, drafter = resolve_pair_dirs(args, need_drafter=args.mode != "ar")
     check_dirs(target, drafter)
     gateway_url = f"http://{LOOPBACK if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
