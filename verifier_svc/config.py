@@ -36,6 +36,9 @@ class VerifierServiceConfig:
     # The batch's halves take turns with the drafter (one verifies while the other's trees
     # are drafted); off by default: measured slower on the H200.
     alternate: bool = False
+    # Each round's next trees are asked for right after its harvest (the drafter drafts
+    # while the verifier delivers, admits and launches).
+    send_ahead: bool = True
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
@@ -95,7 +98,7 @@ class VerifierServiceConfig:
             max_budget=self.max_budget,
             cuda_graphs=self.cuda_graphs and self.tensor_parallel_size == 1,
             invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens,
-            alternate=self.alternate)
+            alternate=self.alternate, send_ahead=self.send_ahead)
 
     @property
     def security(self) -> GrpcSecurity:
@@ -151,6 +154,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         help="the batch's halves take turns with the drafter, so each "
                              "half's exchange overlaps the other's verify (measured slower "
                              "on the H200 with the demo pair: off by default)")
+    parser.add_argument("--send-ahead", action=argparse.BooleanOptionalAction,
+                        default=get("SEND_AHEAD", "1") != "0",
+                        help="ask the drafter for a round's next trees right after its "
+                             "harvest, so drafting overlaps the verifier's host work")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

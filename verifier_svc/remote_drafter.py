@@ -177,7 +177,7 @@ class RemoteDrafter:
         for pending in sent:
             pending.ticket.stream.forget(pending.ticket.round_id)
             for row in pending.rows:
-                if row.drafting:
+                if row.drafting and row.slot >= 0:  # not released (ended, aborted) yet
                     self._stop_drafting(row, "its draft round was abandoned")
 
     def _receive(self, pending: SentRound) -> drafter_pb2.DraftTrees | None:

@@ -44,6 +44,9 @@ class EngineConfig:
     alternate: with a remote drafter and drafting rows in both halves of the batch, the
     halves take turns (one verifies while the other's trees are drafted; Engine.step);
     off by default: measured slower on the H200 (docs/performance.md, fourth session);
+    send_ahead: with a remote drafter (not alternating), each round's next trees are asked
+    for right after its harvest, so the drafter drafts while the host delivers, admits
+    and launches (Engine._send_ahead);
     swiglu_epilogue: the gate_up GEMM stores silu(gate) * up itself (same bits as the GEMM
     then silu_mul, one launch fewer per layer; the target's layers and a local drafter's)."""
 
@@ -61,6 +64,7 @@ class EngineConfig:
     pipeline: bool = True
     fast_ar: bool = True
     alternate: bool = False
+    send_ahead: bool = True
     swiglu_epilogue: bool = True
 
     def __post_init__(self) -> None:

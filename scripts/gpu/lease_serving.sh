@@ -190,7 +190,12 @@
 #           prefill's token buckets
 #   call 83 (after 0-3 with py-spy's wheel in .whl; eighteenth session) the three processes
 #           at tree@16 c8 / c1 with py-spy on each (SPY_ARGS=--gil: the GIL's holder only)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|83   (results under $OUT; 61-63, 65 gone)
+#   call 84 (after 0-3; nineteenth session) the next trees asked for right after each
+#           harvest (EngineConfig.send_ahead) A/B through a drafter service, then the three
+#           processes with it: tree@16 and ar at c8 / c1, 160 requests; call 85 (warm, after
+#           84) the three processes without it (DDTREE_SEND_AHEAD=0), tree@16 c8 / c1, then
+#           `ddtree bench` in process (ar, tree@16; 160 requests)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|85   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -377,6 +382,42 @@ case "${1:?call number}" in
   bench_inprocess_checked
   (cd "$OUT" && tar -czf logs.tar.gz trace_engine_*.json drafter.log && rm -f \
     trace_engine_*.json drafter.log)
+  mark done
+  ;;
+84|85)
+  # (84: after 0-3, carry .carry/g4; 85: warm after 84) the drafter asked for a round's
+  # next trees right after the last round's harvest (send_ahead) against in its own step
+  [ -f $T/config.json ] || stage_target
+  if [ "$1" = 84 ]; then
+    trace_remote --in-step
+    ahead=1; points="tree:16:8 tree:16:1 ar:1:8 ar:1:1"
+  else
+    ahead=0; points="tree:16:8 tree:16:1"
+  fi
+  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead"
+  DDTREE_SEND_AHEAD=$ahead SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+    start_serve _ahead$ahead || exit 3
+  grep -h warmed_up "$OUT/serve_ahead$ahead.log" | cut -c1-200
+  for point in $points; do  # one prompt set at every point
+    IFS=: read -r mode budget c <<<"$point"
+    mark "$mode@$budget c$c, 160 requests, send_ahead=$ahead"
+    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+      --modes $mode --budgets $budget --concurrency $c \
+      --json-out "$OUT/report_ahead${ahead}_${mode}_c$c.json" 2>&1 | grep humaneval
+  done
+  curl -s http://127.0.0.1:8000/metrics | grep -E "batch_size|sent_ahead|fallback" \
+    | grep -v "^#" > "$OUT/metrics_ahead$ahead.txt"
+  kill $S; wait $S 2>/dev/null
+  echo "drafter fallbacks: $(grep -c 'fallback' "$OUT/serve_ahead$ahead.log")"
+  gzip -f "$OUT/serve_ahead$ahead.log"
+  if [ "$1" = 85 ]; then
+    mark "in process, 160 requests"
+    NUM=160 BENCH_TIMEOUT=250 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+    python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
+  fi
+  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
   mark done
   ;;
 83)

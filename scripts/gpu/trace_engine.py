@@ -9,7 +9,8 @@ tokens, the round's launch, the previous round's completion). `--sync-prefill` a
 point again with the prefill's first tokens read right after the prefill (the engine
 before the prefill stopped draining the pipeline: an A/B in one run); with
 `--drafter-addr`, `--alternate` adds it with the batch's two halves taking
-turns (`EngineConfig.alternate`: one half's drafter hop beside the other's verify).
+turns (`EngineConfig.alternate`: one half's drafter hop beside the other's verify), and
+`--in-step` with each round's trees asked for in its own step (`send_ahead` off).
 `--trace M/cC`
 records a torch.profiler trace of that point's steps (`--trace-steps` of them, after
 `--trace-after`) and prints scripts/trace_summary.py's reading of it: each step's wall time
@@ -193,6 +194,9 @@ def main(argv: list[str]) -> int:
                         help="each point again with the prefill read at once (A/B)")
     parser.add_argument("--alternate", action="store_true",
                         help="each point again with alternating halves (A/B; remote only)")
+    parser.add_argument("--in-step", action="store_true",
+                        help="each point again with each round's trees asked for in its own "
+                             "step (EngineConfig.send_ahead off: A/B; remote only)")
     parser.add_argument("--trace", default="", help="mode/cC points to trace, comma list")
     parser.add_argument("--trace-steps", type=int, default=120)
     parser.add_argument("--trace-after", type=int, default=40, help="steps before a trace")
@@ -207,9 +211,11 @@ def main(argv: list[str]) -> int:
     traced = set(filter(None, args.trace.split(",")))
     rows: dict[str, Any] = {}
     variants = ("deferred", *(("sync",) if args.sync_prefill else ()),
-                *(("alternate",) if args.alternate and args.drafter_addr else ()))
+                *(("alternate",) if args.alternate and args.drafter_addr else ()),
+                *(("in_step",) if args.in_step and args.drafter_addr else ()))
     for variant in variants:
-        run_config = dataclasses.replace(config, alternate=variant == "alternate")
+        run_config = dataclasses.replace(config, alternate=variant == "alternate",
+                                         send_ahead=variant != "in_step")
         engine = (remote_engine(target, args.drafter_addr, run_config) if args.drafter_addr
                   else build_engine(target, drafter, run_config))
         if engine.graphs.enabled:
