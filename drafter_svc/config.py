@@ -26,6 +26,9 @@ class DrafterServiceConfig:
     # verifiers, and per verifier connection; more are refused with RESOURCE_EXHAUSTED.
     max_streams: int = 8
     max_streams_per_peer: int = 2
+    # A new session's first context (its prompt's features) replayed from CUDA graphs of
+    # static token buckets instead of ~20 eager launches (GPU only).
+    context_graphs: bool = True
     grpc_token: str = field(default="", repr=False)
     tls_cert: str = ""
     tls_key: str = ""
@@ -69,6 +72,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--max-streams-per-peer", type=int,
                         default=int(get("MAX_STREAMS_PER_PEER", "2")),
                         help="Draft streams one verifier connection may hold")
+    parser.add_argument("--context-graphs", action=argparse.BooleanOptionalAction,
+                        default=get("CONTEXT_GRAPHS", "1") != "0",
+                        help="a new session's first context from CUDA graphs of static "
+                             "token buckets (GPU; off: eager launches)")
     add_security_flags(parser, env, is_server=True, is_client=False)
     parser.add_argument("--no-reflection", dest="is_reflection", action="store_false",
                         default=get("REFLECTION", "1") != "0", help="no server reflection")

@@ -135,7 +135,8 @@ def new_grpc_server(config: DrafterServiceConfig) -> grpc.Server:
 def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
     """Loads the models, binds, starts and marks the server SERVING; -> (server, bound port)."""
     drafter, embeddings, info, max_model_len = load_models(config)
-    local = LocalDrafter(drafter, embeddings, config.max_sessions, max_model_len)
+    local = LocalDrafter(drafter, embeddings, config.max_sessions, max_model_len,
+                         context_graphs=config.context_graphs)
     graphs = GraphDrafter(local, config.max_sessions, config.max_budget,
                           len(info.target_layer_ids) * info.hidden_size)
     sessions = DraftSessionTable(config.max_sessions, local.depth)

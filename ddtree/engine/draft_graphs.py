@@ -115,7 +115,9 @@ class GraphDrafter:
         than 128 and 256 rows take other GEMM tiles) and captures its graph, so a
         verifier's first round of a new shape never waits past its deadline (lease 9 call
         25: the drafter was "lost" 10 s into the first auto request) and no batch pays a
-        capture (113-149 s for 56 shapes on a fresh H200 host, lease 13)."""
+        capture (113-149 s for 56 shapes on a fresh H200 host, lease 13). The first
+        context's token buckets (`ContextGraphs`, where on) before those."""
+        self.drafter.context.warm_up()
         for batch in reversed(self.batches):
             for num_nodes in reversed(self.node_buckets):
                 ints = np.zeros((7, batch), dtype=np.int64)

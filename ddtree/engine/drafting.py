@@ -19,11 +19,15 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ddtree.engine.graphs import GraphRunner
 from ddtree.models.drafter import DFlashDrafter
-from ddtree.models.meta import device_ints
+from ddtree.models.meta import AttentionMeta, device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
+
+# Token buckets of a row's first context (`ContextGraphs`): 16, 32, ... up to this many.
+MIN_CONTEXT, MAX_CONTEXT = 16, 2048
 
 
 class Drafting(Protocol):
@@ -43,7 +47,8 @@ class LocalDrafter:
     """The drafter model plus its context pool (num_slots + 1 rows: the last is scratch)."""
 
     def __init__(self, drafter: DFlashDrafter, embeddings: TargetEmbeddings, num_slots: int,
-                 max_model_len: int, backend: Backend | None = None) -> None:
+                 max_model_len: int, backend: Backend | None = None,
+                 context_graphs: bool = False) -> None:
         self.drafter = drafter.fuse_weights()
         self.embeddings = embeddings
         self.block_size = drafter.config.block_size
@@ -53,6 +58,8 @@ class LocalDrafter:
         # The context (up to L past the last emitted token, plus one pipelined round) plus
         # a block appended past it and a block drafted past that.
         self.pool = drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
+        # A row's first context through CUDA graphs: the drafter service turns it on.
+        self.context = ContextGraphs(self, num_slots, context_graphs)
 
     @property
     def depth(self) -> int:
@@ -61,7 +68,10 @@ class LocalDrafter:
 
     @torch.inference_mode()
     def start(self, slot: int, request_id: str, features: Tensor) -> None:
-        """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..)."""
+        """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..),
+        through `ContextGraphs` when they are on and P fits a bucket, else eagerly."""
+        if self.context.run(slot, features):
+            return
         fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
         device = fused.device
         self.drafter.append_context(self.pool, device_ints([slot], device),
@@ -86,6 +96,70 @@ class LocalDrafter:
                                     self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
                                   self.backend)
+
+
+class ContextGraphs:
+    """A row's first drafter context (its prompt's features: fc, norm, then every layer's
+    K/V stored) in static token buckets replayed as CUDA graphs. Eagerly that is ~20
+    launches issued from Python, ~1-3 ms of host time per admitted row on the H200 (lease
+    18's traces). The drafter service turns it on: there an open's context delays the
+    next round of every row on the stream (through a drafter service, lease 18 measured
+    +4% at c1 and +7% at c8 with it). The verifier's in-process drafter keeps the eager
+    store: there it measured slower (lease 18, and lease 19's in-graph store), for reasons
+    not found. The features go into one static buffer (the bucket's first rows); rows past
+    the prompt write the scratch row. Off (`run` returns False) unless `enabled` on a GPU
+    with graphs, or `static` (the same padded store, eagerly: what the CPU test checks)."""
+
+    def __init__(self, local: LocalDrafter, scratch: int, enabled: bool,
+                 static: bool = False) -> None:
+        self.local = local
+        weight = local.drafter.fc.weight
+        self.graphs = GraphRunner(weight.device, enabled)
+        self.scratch = scratch
+        self.buckets: tuple[int, ...] = ()
+        if not (self.graphs.enabled or static):
+            return
+        largest = min(MAX_CONTEXT, local.pool.max_len)
+        self.buckets = tuple(b for b in (MIN_CONTEXT << i for i in range(12)) if b <= largest)
+        size = max(self.buckets, default=0)
+        self.features = torch.zeros(size, weight.shape[1], dtype=weight.dtype,
+                                    device=weight.device)
+        self.ints = torch.zeros(2, dtype=torch.long, device=weight.device)  # slot, length
+        self.positions = torch.arange(size, device=weight.device)
+
+    def run(self, slot: int, features: Tensor) -> bool:
+        """Stores the row's first context through its bucket's graph; False when off or
+        the prompt fits no bucket (the caller stores it eagerly)."""
+        num = features.shape[0]
+        size = next((b for b in self.buckets if b >= num), None)
+        if size is None:
+            return False
+        self.features[:num].copy_(features)
+        self.ints[1].fill_(num)
+        if self.graphs.enabled and size not in self.graphs:  # captured on the scratch row
+            self.ints[0].fill_(self.scratch)
+            self.graphs.capture(size, lambda: self._store(size))
+        self.ints[0].fill_(slot)
+        self.graphs.run(size, lambda: self._store(size))
+        return True
+
+    def warm_up(self) -> int:
+        """Captures every bucket (largest first) on the scratch row. -> buckets."""
+        for size in reversed(self.buckets):
+            self.run(self.scratch, self.features[:size])
+        return len(self.buckets)
+
+    def _store(self, size: int) -> None:
+        drafter = self.local.drafter
+        fused = drafter.fuse(self.features[None, :size])[0]  # (size, H)
+        positions = self.positions[:size]
+        rows = torch.where(positions < self.ints[1], self.ints[0], self.scratch)
+        zeros = torch.zeros_like(positions)
+        meta = AttentionMeta(
+            positions=positions, write_slot=rows, write_pos=positions, query_slot=rows,
+            prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None], num_tree_keys=zeros,
+            max_kv_len=0)
+        drafter.store_context(self.local.pool, meta, fused, self.local.backend)
 
 
 def propose_trees(drafter: LocalDrafter, rows: Tensor, committed: Tensor, pending: Tensor,

@@ -171,8 +171,13 @@ class DFlashDrafter(nn.Module):
         Each layer is the attention prologue alone: the fused QKV projection and the
         RoPE + store kernel (its q is not needed; computing it costs less than a launch)."""
         batch, num_new, hidden = fused.shape
-        meta = context_meta(slots, start, num_new)
-        x = fused.reshape(batch * num_new, hidden)  # (T, H)
+        self.store_context(pool, context_meta(slots, start, num_new),
+                           fused.reshape(batch * num_new, hidden), backend)
+
+    def store_context(self, pool: KVPool, meta: AttentionMeta, x: Tensor,
+                      backend: Backend = REFERENCE) -> None:
+        """`append_context` at the rows and positions `meta` names (write_slot, write_pos,
+        positions) for the fused context rows x (T, H)."""
         for i, module in enumerate(self.layers):
             attn = cast(DraftLayer, module).self_attn
             assert attn.qkv_weight is not None, "call DFlashDrafter.fuse_weights() first"

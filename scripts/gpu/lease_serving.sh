@@ -194,9 +194,10 @@
 #           harvest (EngineConfig.send_ahead) A/B through a drafter service, then the three
 #           processes with it: tree@16 and ar at c8 / c1, 160 requests; call 85 (warm, after
 #           84) the three processes without it (DDTREE_SEND_AHEAD=0), tree@16 c8 / c1, then
-#           `ddtree bench` in process (ar, tree@16; 160 requests); call 86 (after 0-3) the
-#           in-process engine traced at tree@16 c1 / c8, then 84's and 85's serving points
-#           on one machine (the trees now asked for before the round's results are built)
+#           `ddtree bench` in process (ar, tree@16; 160 requests); call 86 (after 0-3) 84's
+#           and 85's serving points on one machine (the trees now asked for before the
+#           round's results are built), the drafter's ContextGraphs A/B, then the
+#           in-process engine traced at tree@16 c1 / c8
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|86   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
@@ -304,27 +305,29 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
   (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
 }
 
-serve_ahead() {  # ahead "mode:budget:c ...": `ddtree serve --budget 16 --max-budget 16
-  # --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead, each point (160 HumanEval requests x
-  # 256 tokens, two client processes: one prompt set at every point) through it
-  local ahead=$1 point mode budget c
-  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead"
-  DDTREE_SEND_AHEAD=$ahead SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
-    start_serve _ahead$ahead || return 3
-  grep -h warmed_up "$OUT/serve_ahead$ahead.log" | cut -c1-200
+serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 1|0]: `ddtree serve --budget 16
+  # --max-budget 16 --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead (the verifier) and
+  # DDTREE_CONTEXT_GRAPHS (the drafter service), each point (160 HumanEval requests x 256
+  # tokens, two client processes: one prompt set at every point) through it
+  local ahead=$1 ctx=${3:-1} point mode budget c tag
+  tag=ahead${1}_ctx${ctx}
+  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx"
+  DDTREE_SEND_AHEAD=$ahead DDTREE_CONTEXT_GRAPHS=$ctx \
+    SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _$tag || return 3
+  grep -h warmed_up "$OUT/serve_$tag.log" | cut -c1-200
   for point in $2; do
     IFS=: read -r mode budget c <<<"$point"
-    mark "$mode@$budget c$c, 160 requests, send_ahead=$ahead"
-    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    mark "$mode@$budget c$c, 160 requests, $tag"
+    timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
       --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
       --modes "$mode" --budgets "$budget" --concurrency "$c" \
-      --json-out "$OUT/report_ahead${ahead}_${mode}_c$c.json" 2>&1 | grep humaneval
+      --json-out "$OUT/report_${tag}_${mode}_c$c.json" 2>&1 | grep humaneval
   done
   curl -s http://127.0.0.1:8000/metrics | grep -E "batch_size|fallback" \
-    | grep -v "^#" > "$OUT/metrics_ahead$ahead.txt"
+    | grep -v "^#" > "$OUT/metrics_$tag.txt"
   kill $S; wait $S 2>/dev/null
-  echo "drafter fallbacks: $(grep -c 'fallback' "$OUT/serve_ahead$ahead.log")"
-  gzip -f "$OUT/serve_ahead$ahead.log"
+  echo "drafter fallbacks: $(grep -c 'fallback' "$OUT/serve_$tag.log")"
+  gzip -f "$OUT/serve_$tag.log"
 }
 
 trace_local() {  # trace_engine args...: the engine in process under continuous load (40
@@ -412,9 +415,10 @@ case "${1:?call number}" in
 84|85|86)
   # (84, 86: after 0-3, carry .carry/g4; 85: warm after 84) the drafter asked for a
   # round's next trees as soon as the last round's rows hold its state (send_ahead)
-  # against in its own step. 86 (after its harvest-first version was measured by 84 / 85):
-  # the in-process engine traced at tree@16 c1 / c8 (what grows in the GPU round with its
-  # rows), then both variants through the three processes on one machine
+  # against in its own step (84 / 85 measured it after the harvest; 86 before the results
+  # are built). 86: both variants through the three processes on one machine, then the
+  # drafter service's first contexts eager (DDTREE_CONTEXT_GRAPHS=0) against in graphs,
+  # then the in-process engine traced at tree@16 c1 / c8 (what grows with the rows)
   [ -f $T/config.json ] || stage_target
   case $1 in
     84) trace_remote --in-step; serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" ;;
@@ -423,11 +427,12 @@ case "${1:?call number}" in
         NUM=160 BENCH_TIMEOUT=250 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
         python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
         ;;
-    86) TRACE_TIMEOUT=150 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
+    86) serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1"
+        serve_ahead 0 "tree:16:8 tree:16:1"
+        serve_ahead 1 "tree:16:8 tree:16:1" 0
+        TRACE_TIMEOUT=100 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
           --trace-steps 60 --trace-after 40
-        (cd "$OUT" && gzip -f trace_*.json 2>/dev/null)
-        serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1"
-        serve_ahead 0 "tree:16:8 tree:16:1" ;;
+        (cd "$OUT" && gzip -f trace_*.json 2>/dev/null) ;;
   esac
   (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
     && find . -mindepth 1 ! -name "all$1.tar" -delete)

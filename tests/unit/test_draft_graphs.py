@@ -18,7 +18,7 @@ from ddtree.engine.draft_graphs import (
     GraphDrafter,
     ProposedTrees,
 )
-from ddtree.engine.drafting import LocalDrafter
+from ddtree.engine.drafting import ContextGraphs, LocalDrafter
 from ddtree.models.tiny import make_tiny_pair
 from ddtree.runtime import load_pair
 
@@ -53,3 +53,32 @@ def test_warm_up_runs_every_batch_and_tree_size_and_leaves_real_sessions_alone(
     assert np.array_equal(warmed.tokens, cold.tokens)
     assert np.array_equal(warmed.parents, cold.parents)
     assert warmed.num_nodes.tolist() == cold.num_nodes.tolist() == [17]
+
+
+def test_first_context_in_static_buckets_is_the_eager_one_and_pads_into_scratch(
+        tmp_path: Path) -> None:
+    """ContextGraphs' padded store (the drafter service's graph work, run eagerly on the
+    CPU): a prompt's K/V in the drafter pool are those of the eager `append_context`; the
+    bucket's rows past the prompt land in the scratch row, not in the row's later
+    positions; off by default (the verifier's own drafter stores eagerly)."""
+    make_tiny_pair(tmp_path, family="llama")
+    target, drafter = load_pair(tmp_path / "target", tmp_path / "drafter",
+                                torch.device("cpu"), torch.float32)
+    assert drafter is not None
+    width = len(drafter.config.target_layer_ids) * target.config.hidden_size
+    features = torch.randn(21, width, generator=torch.Generator().manual_seed(5))
+    pools = []
+    for static in (False, True):
+        local = LocalDrafter(drafter, target.embeddings, NUM_SLOTS, 64)
+        assert local.context.buckets == ()
+        local.context = ContextGraphs(local, NUM_SLOTS, enabled=False, static=static)
+        assert local.context.buckets == ((16, 32, 64) if static else ())
+        local.pool.k.fill_(7.0)
+        local.pool.v.fill_(7.0)
+        local.start(1, "s1", features)  # 21 rows: the 32-token bucket when static
+        pools.append((local.pool.k.clone(), local.pool.v.clone()))
+    (k_eager, v_eager), (k_static, v_static) = pools
+    torch.testing.assert_close(k_static[:, 1, :21], k_eager[:, 1, :21])
+    torch.testing.assert_close(v_static[:, 1, :21], v_eager[:, 1, :21])
+    assert (k_static[:, 1, 21:] == 7.0).all() and (k_static[:, 0] == 7.0).all()
+    assert not (k_static[:, NUM_SLOTS, 21:32] == 7.0).all()  # the padding rows' K: scratch
