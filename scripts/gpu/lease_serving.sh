@@ -427,9 +427,9 @@ case "${1:?call number}" in
         NUM=160 BENCH_TIMEOUT=250 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
         python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
         ;;
-    86) serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1"
-        serve_ahead 0 "tree:16:8 tree:16:1"
+    86) serve_ahead 1 "tree:16:8 tree:16:1"
         serve_ahead 1 "tree:16:8 tree:16:1" 0
+        serve_ahead 0 "tree:16:8 tree:16:1"
         TRACE_TIMEOUT=100 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
           --trace-steps 60 --trace-after 40
         (cd "$OUT" && gzip -f trace_*.json 2>/dev/null) ;;
