@@ -253,16 +253,17 @@ class Engine:
         return outputs
 
     def _send_ahead(self) -> None:
-        """As soon as a round's rows hold its committed state (before its results are
-        built), with a remote drafter (`EngineConfig.send_ahead`, not alternating): asks
-        the drafter now for every running drafting row's next trees, so that it drafts
-        while the host builds and delivers this step's results, admits and launches the
-        next step, which takes those trees. Before, all that came ahead of the exchange,
-        in series with it (~1.4 ms of host work against ~2.1 ms of drafter wait in a c8
-        round through a drafter service, lease 20). The auto rows' tree size for that round
-        is chosen here: it travels with the request. A row that this round ends, or that
-        is aborted meanwhile, is skipped then; one admitted meanwhile verifies its root
-        alone in that round anyway."""
+        """Right after a round's harvest, with a remote drafter (`EngineConfig.send_ahead`,
+        not alternating): asks the drafter now for every running drafting row's next trees,
+        so that it drafts while the host delivers this step's results, admits and launches
+        the next step, which takes those trees. Before, all that came ahead of the
+        exchange, in series with it (~1.4 ms of host work against ~2.1 ms of drafter wait
+        in a c8 round through a drafter service, lease 20; asking ahead: tree@16 through
+        the three processes +16% at c1, +8% at c8, lease 21). Asked for earlier, before
+        the round's results were built, it measured no gain (lease 22, another machine).
+        The auto rows' tree size for that round is chosen here: it travels with the
+        request. A row aborted meanwhile is skipped then; one admitted meanwhile verifies
+        its root alone in that round anyway."""
         if (not self.config.send_ahead or self.config.alternate or self._sent
                 or not hasattr(self.drafting, "send")):
             return
@@ -460,7 +461,7 @@ class Engine:
 
     def _complete(self, flight: InFlight, ahead: bool = False) -> list[Output]:
         """Waits for a launched round and turns its output table into results; `ahead`:
-        the next round's trees are asked for once the rows hold the round's state."""
+        then asks for the next round's trees (`_send_ahead`)."""
         if flight.done is not None:
             flight.done.synchronize()
         finished = time.perf_counter()
@@ -469,9 +470,9 @@ class Engine:
         stages = dict(zip(("draft", "verify"), flight.timer.seconds(), strict=True))
         table = flight.host.tolist()
         outputs = self._harvest(flight.rows, table, flight.logits, flight.width, stages,
-                                flight.drafted, self._send_ahead if ahead else None)
+                                flight.drafted)
         if ahead:
-            self._drop_sent()
+            self._send_ahead()
         measured = flight.measurements != self.policy_measurements  # the wait measures that
         if self.policy is not None and not flight.captured and not measured:
             # Every round's cost is its shape's, whoever's rows; acceptance only from the
@@ -632,20 +633,11 @@ class Engine:
     # ------------------------------------------------------------ after the round
 
     def _harvest(self, rows: list[Row], out: list[list[int]], logits: Tensor, width: int,
-                 stages: dict[str, float], drafted: list[int],
-                 committed: Callable[[], None] | None = None) -> list[Output]:
-        """The round's output table into the rows' state, then `committed()` (the rows
-        hold what the next round's drafter request needs), then into results."""
+                 stages: dict[str, float], drafted: list[int]) -> list[Output]:
         outputs: list[Output] = []
-        live = [(index, row) for index, row in enumerate(rows)  # not ended (finished,
-                if not row.finished and self.running.get(row.request_id) is row]  # aborted)
-        for index, row in live:
-            accepted = out[index][0]
-            row.committed_len += accepted
-            row.bonus_token, row.num_pending = out[index][1], accepted
-        if committed is not None:
-            committed()
-        for index, row in live:
+        for index, row in enumerate(rows):
+            if row.finished or self.running.get(row.request_id) is not row:
+                continue  # ended (finished, aborted) while this round was in flight
             accepted, next_token = out[index][0], out[index][1]
             tokens = out[index][2: 2 + accepted]
             path = out[index][2 + width: 2 + width + accepted]
@@ -654,6 +646,8 @@ class Engine:
                 at_path = logits[index][torch.tensor(path, device=logits.device)]  # (A, V)
                 logprobs = token_logprobs(at_path, tokens[1:] + [next_token],
                                           row.request.top_logprobs)
+            row.committed_len += accepted
+            row.bonus_token, row.num_pending = next_token, accepted
             for stage, seconds in stages.items():
                 row.stats.stage_seconds[stage] += seconds
             row.stats.record_round(accepted, drafted[index])

@@ -102,13 +102,15 @@ class ContextGraphs:
     """A row's first drafter context (its prompt's features: fc, norm, then every layer's
     K/V stored) in static token buckets replayed as CUDA graphs. Eagerly that is ~20
     launches issued from Python, ~1-3 ms of host time per admitted row on the H200 (lease
-    18's traces). The drafter service turns it on: there an open's context delays the
-    next round of every row on the stream (through a drafter service, lease 18 measured
-    +4% at c1 and +7% at c8 with it). The verifier's in-process drafter keeps the eager
-    store: there it measured slower (lease 18, and lease 19's in-graph store), for reasons
-    not found. The features go into one static buffer (the bucket's first rows); rows past
-    the prompt write the scratch row. Off (`run` returns False) unless `enabled` on a GPU
-    with graphs, or `static` (the same padded store, eagerly: what the CPU test checks)."""
+    18's traces). The drafter service's `--context-graphs` turns it on (off by default):
+    there an open's context delays the next round of every row on the stream. Lease 18
+    measured +4% at c1 and +7% at c8 through a drafter service with it, on another
+    machine than the run without; lease 22, on one machine, -7% at c8 and the same at c1
+    (the run with it came first). The verifier's in-process drafter always stores
+    eagerly: there it measured slower (lease 18, and lease 19's in-graph store). The
+    features go into one static buffer (the bucket's first rows); rows past the prompt
+    write the scratch row. Off (`run` returns False) unless `enabled` on a GPU with
+    graphs, or `static` (the same padded store, eagerly: what the CPU test checks)."""
 
     def __init__(self, local: LocalDrafter, scratch: int, enabled: bool,
                  static: bool = False) -> None:

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # A serving lease on one warm machine, each call well under 10 minutes. The repository
 # (with the 30 MB demo drafter) travels with every call, so the demo target's GGUF comes in
-# quarters (.carry/g1..g4, ~24.5 MB each: `split -n 4 -d -a 1` of the 98 MB file; g1 also
-# holds HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17, when the
-# 41.5 MB repository + g1 with them passed the 64 MiB a call carries):
-#   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3: park them in /tmp; call 0 first
-#           carries .whl and .carry/spec (with a quarter, the repository passes the 64 MiB
-#           a call carries since lease 11)
+# five parts: .carry/g0/part0 (the first 14,000,000 bytes, beside the 6.6 MB of wheels),
+# then .carry/g1..g4 with part1..part4 (`split -b 21090608 -d` of the rest; g1 also holds
+# HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17). Since lease
+# 22 the 42.7 MB repository + a 24.6 MB quarter passed the 64 MiB a call carries:
+#   call 0  carries .whl, .carry/spec and .carry/g0 (part0 parked in /tmp)
+#   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3: park them in /tmp
+#   the work call carries .carry/g4 (part4: stage_target joins the five and checks them)
 #   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
 #           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
 #           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per
@@ -225,8 +226,9 @@ load_bench() {  # extra bench arguments...
     --repeats "${REPEATS:-2}" --max-tokens 256 --no-progress
 }
 
-stage_target() {  # the GGUF from its quarters (parts 0-2 parked in /tmp) -> the HF checkpoint $T
-  cat /tmp/part0 /tmp/part1 /tmp/part2 .carry/g4/part3 > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+stage_target() {  # the GGUF from its five parts (0-3 parked in /tmp) -> the HF checkpoint $T
+  cat /tmp/part0 /tmp/part1 /tmp/part2 /tmp/part3 .carry/g4/part4 \
+    > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
   python3 -c "
 from pathlib import Path
 from ddtree.demo.pull import pull_smollm2
@@ -1026,6 +1028,7 @@ PY
   # without their samples, logs gzipped)
   ls /tmp/site | head -3
   if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi
+  if [ -d .carry/g0 ]; then cp .carry/g0/part0 /tmp/; fi
   ;;
 1|2|3)
   cp .carry/g$1/part* /tmp/
