@@ -198,8 +198,10 @@
 #           `ddtree bench` in process (ar, tree@16; 160 requests); call 86 (after 0-3) 84's
 #           and 85's serving points on one machine (the trees now asked for before the
 #           round's results are built), the drafter's ContextGraphs A/B, then the
-#           in-process engine traced at tree@16 c1 / c8
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|86   (results under $OUT; 61-63, 65 gone)
+#           in-process engine traced at tree@16 c1 / c8 (it ran out of time); call 87
+#           (after 0-3) send-ahead A B B A and ContextGraphs A B through the three
+#           processes; call 88 (after 0-3) the in-process trace at tree@16 c1 / c8
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|88   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -307,11 +309,11 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
   (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
 }
 
-serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 1|0]: `ddtree serve --budget 16
+serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve --budget 16
   # --max-budget 16 --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead (the verifier) and
   # DDTREE_CONTEXT_GRAPHS (the drafter service), each point (160 HumanEval requests x 256
   # tokens, two client processes: one prompt set at every point) through it
-  local ahead=$1 ctx=${3:-1} point mode budget c tag
+  local ahead=$1 ctx=${3:-0} point mode budget c tag
   tag=ahead${1}_ctx${ctx}
   mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx"
   DDTREE_SEND_AHEAD=$ahead DDTREE_CONTEXT_GRAPHS=$ctx \
@@ -414,6 +416,33 @@ case "${1:?call number}" in
     trace_engine_*.json drafter.log)
   mark done
   ;;
+87)
+  # (after 0-3, carry .carry/g4) send-ahead against each round asking in its step, in
+  # the order A B B A (lease 22's c8 rose with run order after a cold start), then the
+  # drafter's ContextGraphs on (A) and off (B) in the order A B (both with send-ahead);
+  # tree@16 c8 / c1, 160 requests each, through `ddtree serve` (three processes)
+  [ -f $T/config.json ] || stage_target
+  serve_ahead 1 "tree:16:8 tree:16:1" 0
+  serve_ahead 0 "tree:16:8 tree:16:1" 0
+  mv "$OUT/report_ahead0_ctx0_tree_c8.json" "$OUT/report_ahead0_ctx0_tree_c8_first.json"
+  mv "$OUT/report_ahead0_ctx0_tree_c1.json" "$OUT/report_ahead0_ctx0_tree_c1_first.json"
+  serve_ahead 0 "tree:16:8 tree:16:1" 0
+  serve_ahead 1 "tree:16:8 tree:16:1" 1
+  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  mark done
+  ;;
+88)
+  # (after 0-3, carry .carry/g4) the in-process engine traced at tree@16 c1 and c8 (what
+  # grows in the GPU round with its rows: 1.35 -> 2.0 ms from 1 to 8 rows; lease 22's
+  # call 86 ran out of time before it)
+  [ -f $T/config.json ] || stage_target
+  TRACE_TIMEOUT=300 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
+    --trace-steps 60 --trace-after 40
+  (cd "$OUT" && gzip -f trace_*.json 2>/dev/null; tar -cf all$1.tar ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  mark done
+  ;;
 84|85|86)
   # (84, 86: after 0-3, carry .carry/g4; 85: warm after 84) the drafter asked for a
   # round's next trees as soon as the last round's rows hold its state (send_ahead)
@@ -429,9 +458,9 @@ case "${1:?call number}" in
         NUM=160 BENCH_TIMEOUT=250 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
         python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
         ;;
-    86) serve_ahead 1 "tree:16:8 tree:16:1"
+    86) serve_ahead 1 "tree:16:8 tree:16:1" 1
         serve_ahead 1 "tree:16:8 tree:16:1" 0
-        serve_ahead 0 "tree:16:8 tree:16:1"
+        serve_ahead 0 "tree:16:8 tree:16:1" 1
         TRACE_TIMEOUT=100 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
           --trace-steps 60 --trace-after 40
         (cd "$OUT" && gzip -f trace_*.json 2>/dev/null) ;;
