@@ -58,7 +58,7 @@ class LocalDrafter:
         # The context (up to L past the last emitted token, plus one pipelined round) plus
         # a block appended past it and a block drafted past that.
         self.pool = drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
-        # A row's first context through CUDA graphs: the drafter service turns it on.
+        # A row's first context through CUDA graphs (the drafter service's --context-graphs).
         self.context = ContextGraphs(self, num_slots, context_graphs)
 
     @property
