@@ -222,7 +222,9 @@ class Engine:
         form two halves that take turns when both draft (`_step_alternating`): a step
         completes one half's round and asks the drafter for its next trees, then launches
         the other half's round with the trees asked for one step earlier, so that each
-        half's drafter exchange may overlap the other half's verify."""
+        half's drafter exchange may overlap the other half's verify. Otherwise, with a
+        remote drafter and `EngineConfig.send_ahead` (the default), each step ends by
+        asking for the next round's trees (`_send_ahead`), which the next step takes."""
         outputs: list[Output] = []
         prefill = self._admit()  # enqueued; its first tokens are read below
         if self._alternates():
@@ -249,7 +251,8 @@ class Engine:
         if flight is not None and pipelined:
             self._in_flight = flight
         elif flight is not None:
-            outputs.extend(self._complete(flight, ahead=True))
+            outputs.extend(self._complete(flight))
+            self._send_ahead()  # after the policy saw this round: it may plan the next
         return outputs
 
     def _send_ahead(self) -> None:
@@ -459,9 +462,8 @@ class Engine:
                         self.graphs.num_graphs != num_graphs, measurements, auto_rows,
                         auto_choice, drafted)
 
-    def _complete(self, flight: InFlight, ahead: bool = False) -> list[Output]:
-        """Waits for a launched round and turns its output table into results; `ahead`:
-        then asks for the next round's trees (`_send_ahead`)."""
+    def _complete(self, flight: InFlight) -> list[Output]:
+        """Waits for a launched round and turns its output table into results."""
         if flight.done is not None:
             flight.done.synchronize()
         finished = time.perf_counter()
@@ -471,8 +473,6 @@ class Engine:
         table = flight.host.tolist()
         outputs = self._harvest(flight.rows, table, flight.logits, flight.width, stages,
                                 flight.drafted)
-        if ahead:
-            self._send_ahead()
         measured = flight.measurements != self.policy_measurements  # the wait measures that
         if self.policy is not None and not flight.captured and not measured:
             # Every round's cost is its shape's, whoever's rows; acceptance only from the
