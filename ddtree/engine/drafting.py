@@ -58,7 +58,8 @@ class LocalDrafter:
         # The context (up to L past the last emitted token, plus one pipelined round) plus
         # a block appended past it and a block drafted past that.
         self.pool = drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
-        # A row's first context through CUDA graphs (the drafter service's --context-graphs).
+        # A row's first context through CUDA graphs (the drafter service's --context-graphs,
+        # on by default; the verifier's in-process drafter passes False).
         self.context = ContextGraphs(self, num_slots, context_graphs)
 
     @property
@@ -102,11 +103,11 @@ class ContextGraphs:
     """A row's first drafter context (its prompt's features: fc, norm, then every layer's
     K/V stored) in static token buckets replayed as CUDA graphs. Eagerly that is ~20
     launches issued from Python, ~1-3 ms of host time per admitted row on the H200 (lease
-    18's traces). The drafter service's `--context-graphs` turns it on (off by default):
-    there an open's context delays the next round of every row on the stream. Lease 18
-    measured +4% at c1 and +7% at c8 through a drafter service with it, on another
-    machine than the run without; lease 22, on one machine, -7% at c8 and the same at c1
-    (the run with it came first). The verifier's in-process drafter always stores
+    18's traces). The drafter service's `--context-graphs` (on by default): there an
+    open's context delays the next round of every row on the stream. Lease 23, on one
+    machine with the run order alternated, measured +9-14% at c8 and +3-4% at c1 through
+    `ddtree serve` (lease 22's -7% at c8 had it first after a cold start). The verifier's
+    in-process drafter always stores
     eagerly: there it measured slower (lease 18, and lease 19's in-graph store). The
     features go into one static buffer (the bucket's first rows); rows past the prompt
     write the scratch row. Off (`run` returns False) unless `enabled` on a GPU with

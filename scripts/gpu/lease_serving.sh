@@ -432,6 +432,25 @@ case "${1:?call number}" in
     && find . -mindepth 1 ! -name "all$1.tar" -delete)
   mark done
   ;;
+90)
+  # (after 89, warm) issue 7's table with the drafter's ContextGraphs on (the default
+  # since lease 23): tree@16 and ar at c8 / c1 through `ddtree serve`
+  [ -f $T/config.json ] || stage_target
+  serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  mark done
+  ;;
+89)
+  # (after 87, warm) the drafter's ContextGraphs on then off (call 87 ran them off first,
+  # on last: c8 3,564.6 -> 4,050.1, confounded with run order), both with send-ahead
+  [ -f $T/config.json ] || stage_target
+  serve_ahead 1 "tree:16:8 tree:16:1" 1
+  serve_ahead 1 "tree:16:8 tree:16:1" 0
+  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  mark done
+  ;;
 88)
   # (after 0-3, carry .carry/g4) the in-process engine traced at tree@16 c1 and c8 (what
   # grows in the GPU round with its rows: 1.35 -> 2.0 ms from 1 to 8 rows; lease 22's

@@ -114,15 +114,17 @@ def test_alternating_halves_are_off_unless_asked_for() -> None:
     assert verifier_config(base + ["--no-alternate"], {"DDTREE_ALTERNATE": "1"}).alternate is False
 
 
-def test_trees_are_asked_for_ahead_unless_turned_off_and_context_graphs_if_asked() -> None:
+def test_trees_are_asked_for_ahead_and_context_graphs_on_unless_turned_off() -> None:
     base = ["--target", "t", "--drafter-addr", "h:1"]
     assert verifier_config(base, {}).engine_config().send_ahead is True
     assert verifier_config(base + ["--no-send-ahead"], {}).engine_config().send_ahead is False
     assert verifier_config(base, {"DDTREE_SEND_AHEAD": "0"}).send_ahead is False
     drafter = ["--drafter", "d", "--target", "t"]
-    assert drafter_config(drafter, {}).context_graphs is False
-    assert drafter_config(drafter + ["--context-graphs"], {}).context_graphs is True
-    assert drafter_config(drafter, {"DDTREE_CONTEXT_GRAPHS": "1"}).context_graphs is True
+    assert drafter_config(drafter, {}).context_graphs is True
+    assert drafter_config(drafter + ["--no-context-graphs"], {}).context_graphs is False
+    assert drafter_config(drafter, {"DDTREE_CONTEXT_GRAPHS": "0"}).context_graphs is False
+    assert drafter_config(drafter + ["--context-graphs"],
+                          {"DDTREE_CONTEXT_GRAPHS": "0"}).context_graphs is True
 
 
 def test_the_gil_switch_interval_comes_from_the_environment() -> None:
