@@ -327,6 +327,13 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
       --modes "$mode" --budgets "$budget" --concurrency "$c" \
       --json-out "$OUT/report_${tag}_${mode}_c$c.json" 2>&1 | grep humaneval
   done
+  local ar_reports=("$OUT"/report_${tag}_ar_c*.json)  # the gateway's reports: texts
+  if [ -e "${ar_reports[0]}" ]; then
+    for point in "$OUT"/report_${tag}_*.json; do
+      echo "$(basename "$point"): $(python3 scripts/gpu/ar_mismatches.py "$point" \
+        "${ar_reports[@]}" | tail -1)"
+    done
+  fi
   curl -s http://127.0.0.1:8000/metrics | grep -E "batch_size|fallback" \
     | grep -v "^#" > "$OUT/metrics_$tag.txt"
   kill $S; wait $S 2>/dev/null
@@ -428,6 +435,24 @@ case "${1:?call number}" in
   mv "$OUT/report_ahead0_ctx0_tree_c1.json" "$OUT/report_ahead0_ctx0_tree_c1_first.json"
   serve_ahead 0 "tree:16:8 tree:16:1" 0
   serve_ahead 1 "tree:16:8 tree:16:1" 1
+  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  mark done
+  ;;
+91)
+  # (after 0-3, carry .carry/g4) issue 8's ratios on one machine at the new defaults
+  # (send-ahead, the drafter's ContextGraphs): through `ddtree serve` tree@16 / ar at c8 /
+  # c1 (160 requests), the same in process (`ddtree bench`), then the speed table beside
+  # transformers' static-cache generate
+  [ -f $T/config.json ] || stage_target
+  serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  mark "in process, 160 requests"
+  NUM=160 BENCH_TIMEOUT=200 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
+  mark "engine_bench speed"
+  timeout 170 python3 scripts/gpu/engine_bench.py --stages speed \
+    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain --target $T \
+    --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -12
   (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
     && find . -mindepth 1 ! -name "all$1.tar" -delete)
   mark done
