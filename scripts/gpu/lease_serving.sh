@@ -201,7 +201,10 @@
 #           in-process engine traced at tree@16 c1 / c8 (it ran out of time); call 87
 #           (after 0-3) send-ahead A B B A and ContextGraphs A B through the three
 #           processes; call 88 (after 0-3) the in-process trace at tree@16 c1 / c8
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|88   (results under $OUT; 61-63, 65 gone)
+#   calls 89-90 (lease 23, twentieth session, warm after 87) ContextGraphs on then off;
+#           tree@16 and ar at c8 / c1 with both defaults; call 91 (lease 24, after 0-3)
+#           issue 8's ratios on one machine: `ddtree serve`, in process, the speed table
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|91   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
