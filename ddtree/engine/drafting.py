@@ -107,11 +107,11 @@ class ContextGraphs:
     open's context delays the next round of every row on the stream. Lease 23, on one
     machine with the run order alternated, measured +9-14% at c8 and +3-4% at c1 through
     `ddtree serve` (lease 22's -7% at c8 had it first after a cold start). The verifier's
-    in-process drafter always stores
-    eagerly: there it measured slower (lease 18, and lease 19's in-graph store). The
-    features go into one static buffer (the bucket's first rows); rows past the prompt
-    write the scratch row. Off (`run` returns False) unless `enabled` on a GPU with
-    graphs, or `static` (the same padded store, eagerly: what the CPU test checks)."""
+    in-process drafter always stores eagerly: there it measured slower (lease 18, and
+    lease 19's in-graph store). The features go into one static buffer (the bucket's
+    first rows); rows past the prompt write the scratch row. Off (`run` returns False)
+    unless `enabled` on a GPU with graphs, or `static` (the same padded store, eagerly:
+    what the CPU test checks)."""
 
     def __init__(self, local: LocalDrafter, scratch: int, enabled: bool,
                  static: bool = False) -> None:
