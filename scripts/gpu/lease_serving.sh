@@ -449,10 +449,11 @@ case "${1:?call number}" in
   # round through a drafter service grows more with rows than in process (3.8 -> 5.1 ms
   # against 1.35 -> 2.0 from c1 to c8): the verifier's engine traced through a drafter
   # service at tree@16 c1 / c8 (its kernels, gaps and host stages beside call 88's
-  # in-process trace), then the same in process again on this machine
+  # in-process trace), then the same in process again on this machine (REMOTE_ONLY=1:
+  # not)
   [ -f $T/config.json ] || stage_target
   trace_remote --trace tree@16/c1,tree@16/c8 --trace-steps 60 --trace-after 40
-  TRACE_TIMEOUT=200 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
+  [ -n "$REMOTE_ONLY" ] || TRACE_TIMEOUT=200 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
     --trace-steps 60 --trace-after 40
   (cd "$OUT" && gzip -f trace_*.json 2>/dev/null; tar -cf all$1.tar ./* \
     && find . -mindepth 1 ! -name "all$1.tar" -delete)
