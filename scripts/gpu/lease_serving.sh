@@ -204,7 +204,7 @@
 #   calls 89-90 (lease 23, twentieth session, warm after 87) ContextGraphs on then off;
 #           tree@16 and ar at c8 / c1 with both defaults; call 91 (lease 24, after 0-3)
 #           issue 8's ratios on one machine: `ddtree serve`, in process, the speed table;
-#           call 92 (after 0-3, not yet run) the engine traced through a drafter service
+#           call 92 (after 0-3; lease 25, REMOTE_ONLY=1) the engine traced through a drafter service
 #           and in process at tree@16 c1 / c8
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|92   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
@@ -445,7 +445,7 @@ case "${1:?call number}" in
   mark done
   ;;
 92)
-  # (after 0-3, carry .carry/g4; written in the twentieth session, not yet run) why the
+  # (after 0-3, carry .carry/g4; lease 25 ran it with REMOTE_ONLY=1) why the
   # round through a drafter service grows more with rows than in process (3.8 -> 5.1 ms
   # against 1.35 -> 2.0 from c1 to c8): the verifier's engine traced through a drafter
   # service at tree@16 c1 / c8 (its kernels, gaps and host stages beside call 88's
