@@ -20,14 +20,12 @@ import torch
 from torch import Tensor
 
 from ddtree.engine.graphs import GraphRunner
+from ddtree.engine.prefill_graphs import token_buckets
 from ddtree.models.drafter import DFlashDrafter
 from ddtree.models.meta import AttentionMeta, device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
-
-# Token buckets of a row's first context (`ContextGraphs`): 16, 32, ... up to this many.
-MIN_CONTEXT, MAX_CONTEXT = 16, 2048
 
 
 class Drafting(Protocol):
@@ -122,8 +120,7 @@ class ContextGraphs:
         self.buckets: tuple[int, ...] = ()
         if not (self.graphs.enabled or static):
             return
-        largest = min(MAX_CONTEXT, local.pool.max_len)
-        self.buckets = tuple(b for b in (MIN_CONTEXT << i for i in range(12)) if b <= largest)
+        self.buckets = token_buckets(local.pool.max_len)  # the prefill's, within the pool
         size = max(self.buckets, default=0)
         self.features = torch.zeros(size, weight.shape[1], dtype=weight.dtype,
                                     device=weight.device)

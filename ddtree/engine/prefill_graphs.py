@@ -36,6 +36,13 @@ MAX_ROWS = 32
 IDS, POSITIONS, SLOTS, PREFIX = range(4)
 
 
+def token_buckets(largest: int) -> tuple[int, ...]:
+    """The static token buckets MIN_TOKENS, 2x, ... up to min(largest, MAX_TOKENS): the
+    prefill's and the drafter service's first contexts (`ContextGraphs`)."""
+    largest = min(largest, MAX_TOKENS)
+    return tuple(MIN_TOKENS << i for i in range((largest // MIN_TOKENS).bit_length()))
+
+
 class PrefillBuffers:
     """The static inputs of one token bucket: ids, positions, pool rows and prefix lengths
     (T,), the LM head's rows (R,), and the AttentionMeta built on them."""
@@ -82,9 +89,7 @@ class PrefillGraphs:
                  max_tokens: int, device: torch.device) -> None:
         self.graphs, self.scratch, self.max_len, self.device = graphs, scratch, max_len, device
         self.num_rows = min(max_rows, MAX_ROWS)
-        largest = min(MAX_TOKENS, max(MIN_TOKENS, 1 << (max_tokens - 1).bit_length()))
-        self.buckets = tuple(MIN_TOKENS << i for i in range(
-            (largest // MIN_TOKENS).bit_length()))
+        self.buckets = token_buckets(max(MIN_TOKENS, 1 << (max_tokens - 1).bit_length()))
         self._buffers: dict[int, PrefillBuffers] = {}
 
     def fits(self, num_tokens: int, num_rows: int) -> bool:

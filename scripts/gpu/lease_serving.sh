@@ -346,6 +346,12 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   gzip -f "$OUT/serve_$tag.log"
 }
 
+pack_all() {  # call: every JSON report and trace under $OUT gzipped, then all of $OUT in
+  # one all$1.tar (a call returns at most ~14 files)
+  (cd "$OUT" && gzip -f report_*.json trace_*.json 2>/dev/null; tar -cf "all$1.tar" ./* \
+    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+}
+
 trace_local() {  # trace_engine args...: the engine in process under continuous load (40
   # requests, c1 and c8); $OUT/trace_engine_local.json, a trace renamed *_local.*
   mark "trace_engine in process"
@@ -440,8 +446,7 @@ case "${1:?call number}" in
   mv "$OUT/report_ahead0_ctx0_tree_c1.json" "$OUT/report_ahead0_ctx0_tree_c1_first.json"
   serve_ahead 0 "tree:16:8 tree:16:1" 0
   serve_ahead 1 "tree:16:8 tree:16:1" 1
-  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 92)
@@ -455,8 +460,7 @@ case "${1:?call number}" in
   trace_remote --trace tree@16/c1,tree@16/c8 --trace-steps 60 --trace-after 40
   [ -n "$REMOTE_ONLY" ] || TRACE_TIMEOUT=200 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
     --trace-steps 60 --trace-after 40
-  (cd "$OUT" && gzip -f trace_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 91)
@@ -473,8 +477,7 @@ case "${1:?call number}" in
   timeout 170 python3 scripts/gpu/engine_bench.py --stages speed \
     --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain --target $T \
     --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -12
-  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 90)
@@ -482,8 +485,7 @@ case "${1:?call number}" in
   # since lease 23): tree@16 and ar at c8 / c1 through `ddtree serve`
   [ -f $T/config.json ] || stage_target
   serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
-  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 89)
@@ -492,8 +494,7 @@ case "${1:?call number}" in
   [ -f $T/config.json ] || stage_target
   serve_ahead 1 "tree:16:8 tree:16:1" 1
   serve_ahead 1 "tree:16:8 tree:16:1" 0
-  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 88)
@@ -503,8 +504,7 @@ case "${1:?call number}" in
   [ -f $T/config.json ] || stage_target
   TRACE_TIMEOUT=300 trace_local --modes tree@16 --trace tree@16/c1,tree@16/c8 \
     --trace-steps 60 --trace-after 40
-  (cd "$OUT" && gzip -f trace_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 84|85|86)
@@ -529,8 +529,7 @@ case "${1:?call number}" in
           --trace-steps 60 --trace-after 40
         (cd "$OUT" && gzip -f trace_*.json 2>/dev/null) ;;
   esac
-  (cd "$OUT" && gzip -f report_*.json 2>/dev/null; tar -cf all$1.tar ./* \
-    && find . -mindepth 1 ! -name "all$1.tar" -delete)
+  pack_all $1
   mark done
   ;;
 83)
