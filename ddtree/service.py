@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
@@ -116,7 +116,13 @@ def configure_threads(environ: Mapping[str, str]) -> float:
     return interval
 
 
-def serve_until_signalled(server: grpc.Server, name: str, grace_s: float) -> None:
+class Stoppable(Protocol):
+    """A server `serve_until_signalled` stops: a grpc.Server, or one that wraps it."""
+
+    def stop(self, grace: float | None) -> threading.Event: ...
+
+
+def serve_until_signalled(server: Stoppable, name: str, grace_s: float) -> None:
     """Blocks until SIGINT / SIGTERM, then stops `server`, giving in-flight RPCs `grace_s`."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddtree.draft_socket import check_path
 from ddtree.engine import MAX_BUDGET
 from ddtree.service import GrpcSecurity, add_security_flags, parse_service_config, security_of
 
@@ -30,6 +31,10 @@ class DrafterServiceConfig:
     # static token buckets instead of ~20 eager launches (GPU only; lease 23 measured
     # +9-14% at c8 and +3-4% at c1 through `ddtree serve`, docs/performance.md).
     context_graphs: bool = True
+    # The Draft stream also on a Unix socket, for verifiers on this host (advertised in
+    # GetInfo; ddtree/draft_socket.py): "auto" = $TMPDIR/ddtree-drafter-<port>.sock,
+    # a path, or "" for none (gRPC only).
+    local_socket: str = "auto"
     grpc_token: str = field(default="", repr=False)
     tls_cert: str = ""
     tls_key: str = ""
@@ -46,6 +51,10 @@ class DrafterServiceConfig:
         for name in ("max_sessions", "max_budget", "max_streams", "max_streams_per_peer"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.local_socket.lower() in ("none", "off"):
+            object.__setattr__(self, "local_socket", "")
+        if self.local_socket not in ("", "auto"):
+            check_path(self.local_socket)
         if self.max_budget > MAX_BUDGET:
             raise ValueError(f"max_budget must be <= {MAX_BUDGET}, got {self.max_budget}")
 
@@ -77,6 +86,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         default=get("CONTEXT_GRAPHS", "1") != "0",
                         help="a new session's first context from CUDA graphs of static "
                              "token buckets (GPU; on by default; off: eager launches)")
+    parser.add_argument("--local-socket", default=get("LOCAL_SOCKET", "auto"),
+                        help="the Draft stream also on this Unix socket for verifiers on "
+                             "this host ('auto': $TMPDIR/ddtree-drafter-<port>.sock; "
+                             "'none': gRPC only)")
     add_security_flags(parser, env, is_server=True, is_client=False)
     parser.add_argument("--no-reflection", dest="is_reflection", action="store_false",
                         default=get("REFLECTION", "1") != "0", help="no server reflection")

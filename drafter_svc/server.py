@@ -10,6 +10,7 @@ instead of waiting for a thread that never frees.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ from ddtree.service import (
 )
 from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
 from drafter_svc.config import DrafterServiceConfig
+from drafter_svc.local_socket import LocalDraftServer, default_path
 from drafter_svc.servicer import DrafterServicer
 from drafter_svc.sessions import DraftSessionTable
 
@@ -132,7 +134,7 @@ def new_grpc_server(config: DrafterServiceConfig) -> grpc.Server:
                        maximum_concurrent_rpcs=num_threads)
 
 
-def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
+def build_server(config: DrafterServiceConfig) -> tuple[DrafterServer, int]:
     """Loads the models, binds, starts and marks the server SERVING; -> (server, bound port)."""
     drafter, embeddings, info, max_model_len = load_models(config)
     local = LocalDrafter(drafter, embeddings, config.max_sessions, max_model_len,
@@ -147,9 +149,11 @@ def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
         log.info("drafter_warmed_up", node_buckets=list(graphs.node_buckets),
                  seconds=round(time.perf_counter() - started, 1))
     server = new_grpc_server(config)
-    drafter_pb2_grpc.add_DrafterServicer_to_server(DrafterServicer(graphs, sessions, info), server)
+    servicer = DrafterServicer(graphs, sessions, info)
+    drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)
     port = add_port(server, config.host, config.port, config.security)
+    socket_server = _start_local_socket(config, port, servicer, info)  # before GetInfo answers
     server.start()
     set_serving(health, [SERVICE_NAME])
     log.info(
@@ -158,5 +162,39 @@ def build_server(config: DrafterServiceConfig) -> tuple[grpc.Server, int]:
         drafter=info.drafter_id,
         block_size=info.block_size,
         device=str(device),
+        local_socket=info.local_socket or None,
     )
-    return server, port
+    return DrafterServer(server, socket_server), port
+
+
+class DrafterServer:
+    """The drafter's gRPC server and its Unix socket, where on: `stop` ends both."""
+
+    def __init__(self, server: grpc.Server, local: LocalDraftServer | None) -> None:
+        self.grpc = server
+        self.local = local
+
+    def stop(self, grace: float | None) -> threading.Event:
+        if self.local is not None:
+            self.local.stop()
+        return self.grpc.stop(grace)
+
+
+def _start_local_socket(config: DrafterServiceConfig, port: int, servicer: DrafterServicer,
+                        info: drafter_pb2.DrafterInfo) -> LocalDraftServer | None:
+    """The Draft stream's Unix socket (config.local_socket: "auto" = one per gRPC port in
+    the temporary directory, "" = none), advertised in `info`. A socket that cannot be
+    bound is logged and left out: verifiers then use the gRPC stream."""
+    if not config.local_socket:
+        return None
+    path = default_path(port) if config.local_socket == "auto" else config.local_socket
+    instance_id = secrets.token_hex(16)
+    local = LocalDraftServer(path, servicer, instance_id, config.security.token,
+                             config.max_streams)
+    try:
+        local.start()
+    except OSError as exc:
+        log.error("drafter_local_socket_failed", path=path, error=str(exc))
+        return None
+    info.local_socket, info.instance_id = path, instance_id
+    return local

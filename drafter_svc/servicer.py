@@ -7,7 +7,7 @@ reply and the stream lives on."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import grpc
 import numpy as np
@@ -57,14 +57,19 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def Draft(
         self, request_iterator: Iterator[drafter_pb2.DraftRequest], context: grpc.ServicerContext
     ) -> Iterator[drafter_pb2.DraftResponse]:
-        """One reply per request (also for release-only requests, so replies pair up); a
-        batch is answered with trees, items (wire version 1) with results.
+        """The Draft stream over gRPC (`serve_stream`)."""
+        yield from self.serve_stream(request_iterator, context.peer())
+
+    def serve_stream(self, request_iterator: Iterator[drafter_pb2.DraftRequest],
+                     peer: str) -> Generator[drafter_pb2.DraftResponse, None, None]:
+        """A Draft stream, over gRPC or the Unix socket (drafter_svc/local_socket.py): one
+        reply per request (also for release-only requests, so replies pair up); a batch
+        is answered with trees, items (wire version 1) with results.
 
         Sessions opened on this stream die with it: a verifier that lost the stream
         cannot continue them anyway (it falls back to ar), so their rows are freed at once.
         """
         opened: set[str] = set()
-        peer = context.peer()
         log.info("draft_stream_open", peer=peer)
         try:
             for request in request_iterator:

@@ -39,6 +39,9 @@ class VerifierServiceConfig:
     # Each round's next trees are asked for right after its harvest (the drafter drafts
     # while the verifier delivers, admits and launches).
     send_ahead: bool = True
+    # The Draft stream over the drafter's Unix socket when it advertises one this host
+    # can open (same messages, without gRPC's threads); gRPC otherwise.
+    drafter_socket: bool = True
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
@@ -158,6 +161,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         default=get("SEND_AHEAD", "1") != "0",
                         help="ask the drafter for a round's next trees right after its "
                              "harvest, so drafting overlaps the verifier's host work")
+    parser.add_argument("--drafter-socket", action=argparse.BooleanOptionalAction,
+                        default=get("DRAFTER_SOCKET", "1") != "0",
+                        help="speak the Draft stream over the drafter's Unix socket when it "
+                             "advertises one this host can open (on by default; off: the "
+                             "gRPC stream always)")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

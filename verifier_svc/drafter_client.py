@@ -1,6 +1,8 @@
 """The verifier's side of the drafter link: ONE channel and ONE long-lived bidirectional
 Draft stream; each round sends one DraftRequest carrying the DraftBatch of every active
-generation and waits (with a deadline) for the reply of the same round_id.
+generation and waits (with a deadline) for the reply of the same round_id. The stream
+travels over the drafter's Unix socket when the drafter advertises one this host can
+open (ddtree/draft_socket.py: same messages, no gRPC threads), over gRPC otherwise.
 
 Any failure (stream error, reply timeout) closes the stream and raises
 `DrafterUnavailable`; the caller falls back to ar for the generations of that round while
@@ -10,14 +12,17 @@ DEADLINE_EXCEEDED are retried, and only for GetInfo, which carries no generation
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -25,6 +30,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from ddtree import draft_socket
 from ddtree.draft_codec import DRAFT_WIRE_VERSION
 from ddtree.models.target_config import TargetConfig
 from ddtree.service import GrpcSecurity, open_channel
@@ -39,43 +45,27 @@ class DrafterUnavailable(Exception):
     """The drafter cannot answer this round (down, stream broken, or too slow)."""
 
 
-class _DraftStream:
-    """One Draft call: requests go through a queue, a reader thread queues the replies.
-    SimpleQueue: a put / get is one lock hand-off in C (queue.Queue's is a Python
-    Condition); measured against the engine thread reading the call itself (no reader
-    thread, a watchdog for the deadline) on loopback, no hand-off was faster: gRPC's own
-    threads dominate the round trip.
+class _Stream:
+    """One Draft stream as the engine uses it: `send` queues a request, `receive` claims
+    the reply of one round. Several draft rounds may be outstanding at once (the
+    engine's two alternating groups, a round asked for ahead): the drafter answers in
+    order, and a reply that arrives while another round is awaited is kept for its own
+    `receive` when its round is still outstanding (other replies - release-only
+    requests, abandoned rounds - are dropped). Read from one thread only; `send` from
+    any. Once the stream failed, every receive fails."""
 
-    Several draft rounds may be outstanding at once (the engine's two alternating groups):
-    the drafter answers in order, and a reply that arrives while another round is awaited
-    is kept for its own `receive` when its round is still outstanding (other replies -
-    release-only requests, abandoned rounds - are dropped). Read from one thread only."""
+    transport = ""
 
-    def __init__(self, stub: drafter_pb2_grpc.DrafterStub) -> None:
-        self._requests: queue.SimpleQueue[drafter_pb2.DraftRequest | None] = queue.SimpleQueue()
-        self._replies: queue.SimpleQueue[drafter_pb2.DraftResponse | Exception] = (
-            queue.SimpleQueue())
+    def __init__(self) -> None:
         self._outstanding: set[int] = set()  # draft rounds sent, not yet received
         self._early: dict[int, drafter_pb2.DraftResponse] = {}  # their replies, arrived
-        self._failure: Exception | None = None  # once the stream failed, every receive fails
-        # No deadline on the call itself (it lives as long as the connection); every
-        # round has its own deadline in `receive`.
-        self._call = stub.Draft(iter(self._requests.get, None))
-        threading.Thread(target=self._read, name="draft-stream-reader", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for reply in self._call:
-                self._replies.put(reply)
-            self._replies.put(DrafterUnavailable("the drafter closed the Draft stream"))
-        except grpc.RpcError as exc:
-            self._replies.put(DrafterUnavailable(f"Draft stream failed: {exc.code().name}"))
+        self._failure: Exception | None = None
 
     def send(self, request: drafter_pb2.DraftRequest, awaited: bool = False) -> None:
-        """Queues `request`; `awaited`: its reply will be claimed by `receive`."""
+        """Sends `request`; `awaited`: its reply will be claimed by `receive`."""
         if awaited:
             self._outstanding.add(request.round_id)
-        self._requests.put(request)
+        self._send(request)
 
     def receive(self, round_id: int, timeout_s: float) -> drafter_pb2.DraftResponse:
         """The reply of draft round `round_id` (sent with awaited=True), within timeout_s."""
@@ -92,13 +82,7 @@ class _DraftStream:
             raise self._failure
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s") from None
-            if isinstance(reply, Exception):
-                self._failure = reply
-                raise reply
+            reply = self._next_reply(deadline, timeout_s)
             # A wait can return after its timeout with a reply that landed late (a busy
             # host schedules the waiter late): late is late, whenever it is noticed.
             if time.monotonic() > deadline:
@@ -108,14 +92,132 @@ class _DraftStream:
             if reply.round_id in self._outstanding:
                 self._early[reply.round_id] = reply
 
+    def _fail(self, exc: DrafterUnavailable) -> DrafterUnavailable:
+        self._failure = exc
+        return exc
+
     def forget(self, round_id: int) -> None:
         """A round whose reply will not be claimed (dropped on arrival)."""
         self._outstanding.discard(round_id)
         self._early.pop(round_id, None)
 
+    def _send(self, request: drafter_pb2.DraftRequest) -> None:
+        raise NotImplementedError
+
+    def _next_reply(self, deadline: float, timeout_s: float) -> drafter_pb2.DraftResponse:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _DraftStream(_Stream):
+    """The Draft call over gRPC: requests go through a queue, a reader thread queues the
+    replies. SimpleQueue: a put / get is one lock hand-off in C (queue.Queue's is a
+    Python Condition); measured against the engine thread reading the call itself (no
+    reader thread, a watchdog for the deadline) on loopback, no hand-off was faster:
+    gRPC's own threads dominate the round trip."""
+
+    transport = "grpc"
+
+    def __init__(self, stub: drafter_pb2_grpc.DrafterStub) -> None:
+        super().__init__()
+        self._requests: queue.SimpleQueue[drafter_pb2.DraftRequest | None] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[drafter_pb2.DraftResponse | Exception] = (
+            queue.SimpleQueue())
+        # No deadline on the call itself (it lives as long as the connection); every
+        # round has its own deadline in `receive`.
+        self._call = stub.Draft(iter(self._requests.get, None))
+        threading.Thread(target=self._read, name="draft-stream-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(DrafterUnavailable("the drafter closed the Draft stream"))
+        except grpc.RpcError as exc:
+            self._replies.put(DrafterUnavailable(f"Draft stream failed: {exc.code().name}"))
+
+    def _send(self, request: drafter_pb2.DraftRequest) -> None:
+        self._requests.put(request)
+
+    def _next_reply(self, deadline: float, timeout_s: float) -> drafter_pb2.DraftResponse:
+        try:
+            reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise DrafterUnavailable(f"no draft reply within {timeout_s:.1f} s") from None
+        if isinstance(reply, Exception):
+            self._failure = reply
+            raise reply
+        return reply
+
     def close(self) -> None:
         self._requests.put(None)
         self._call.cancel()
+
+
+class _SocketDraftStream(_Stream):
+    """The Draft stream over the drafter's Unix socket (ddtree/draft_socket.py): the
+    engine thread writes its request and reads the replies itself, no thread between
+    (Python gRPC's threads cost ~0.3-0.9 ms a round trip; the socket's ~0.02). Sends
+    from other threads (releases) take a lock; a send that fails or stalls past
+    `send_timeout_s` fails the stream, which the next receive reports."""
+
+    transport = "unix"
+
+    def __init__(self, path: str, hello: bytes, connect_timeout_s: float,
+                 send_timeout_s: float) -> None:
+        """Connects and says hello; OSError when the socket is missing, refuses, or
+        answers the hello with anything but ok (another drafter, a wrong token)."""
+        super().__init__()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(connect_timeout_s)
+            sock.connect(path)
+            draft_socket.send_frame(sock, hello)
+            answer = draft_socket.recv_frame(sock, time.monotonic() + connect_timeout_s)
+        except (OSError, draft_socket.FrameError) as exc:
+            sock.close()
+            raise OSError(f"{path}: {exc}") from exc
+        if answer != draft_socket.HELLO_OK:
+            sock.close()
+            raise OSError(f"{path}: hello refused")
+        self._sock = sock
+        self._sender = sock.dup()  # its own timeout; the reader's changes per read
+        self._sender.settimeout(send_timeout_s)
+        self._send_lock = threading.Lock()
+
+    def _send(self, request: drafter_pb2.DraftRequest) -> None:
+        frame = request.SerializeToString()
+        try:
+            with self._send_lock:
+                draft_socket.send_frame(self._sender, frame)
+        except OSError as exc:
+            self._fail(DrafterUnavailable(f"Draft socket failed: {exc}"))
+            self._shutdown()
+
+    def _next_reply(self, deadline: float, timeout_s: float) -> drafter_pb2.DraftResponse:
+        try:
+            frame = draft_socket.recv_frame(self._sock, deadline)
+        except TimeoutError:
+            # A partly read frame leaves the stream out of step: it cannot go on.
+            raise self._fail(DrafterUnavailable(
+                f"no draft reply within {timeout_s:.1f} s")) from None
+        except (OSError, draft_socket.FrameError) as exc:
+            raise self._fail(DrafterUnavailable(f"Draft socket failed: {exc}")) from None
+        try:
+            return drafter_pb2.DraftResponse.FromString(frame)
+        except DecodeError:
+            raise self._fail(DrafterUnavailable("malformed reply on the Draft socket")) from None
+
+    def _shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._shutdown()
+        self._sender.close()
+        self._sock.close()
 
 
 def incompatibility(info: drafter_pb2.DrafterInfo, target: TargetConfig) -> str | None:
@@ -147,7 +249,7 @@ def wire_problem(info: drafter_pb2.DrafterInfo) -> str | None:
 class DraftTicket:
     """A draft round sent and not yet received: its stream and round_id."""
 
-    stream: _DraftStream
+    stream: _Stream
     round_id: int
 
 
@@ -156,8 +258,12 @@ class DrafterClient:
 
     def __init__(self, address: str, round_timeout_s: float, connect_timeout_s: float,
                  target: TargetConfig | None = None,
-                 security: GrpcSecurity | None = None) -> None:
+                 security: GrpcSecurity | None = None, use_socket: bool = True) -> None:
+        """use_socket: take the drafter's Unix socket when it advertises one this host can
+        open (the same Draft stream without gRPC's threads); the gRPC stream otherwise."""
         self.address = address
+        self.use_socket = use_socket
+        self._token = security.token if security is not None else ""
         self.target = target  # the drafter's info is checked against it on every connect
         self.round_timeout_s = round_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -165,7 +271,7 @@ class DrafterClient:
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._round_ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._stream: _DraftStream | None = None
+        self._stream: _Stream | None = None
         self._info: drafter_pb2.DrafterInfo | None = None
         self._closed = threading.Event()
         self._reconnecting = False
@@ -218,7 +324,7 @@ class DrafterClient:
             with self._lock:
                 self._reconnecting = False
             return
-        stream = _DraftStream(self._stub)
+        stream = self._open_stream(info)
         with self._lock:
             self._stream, self._info, self._reconnecting = stream, info, False
         log.info(
@@ -226,7 +332,28 @@ class DrafterClient:
             address=self.address,
             drafter=info.drafter_id,
             block_size=info.block_size,
+            transport=stream.transport,
         )
+
+    def _open_stream(self, info: drafter_pb2.DrafterInfo) -> _Stream:
+        """The drafter's Unix socket where it has one this process can open, else the
+        gRPC stream (a drafter on another host, another container without the shared
+        socket volume, or `use_socket` off)."""
+        if self.use_socket and info.local_socket:
+            try:
+                return _SocketDraftStream(
+                    info.local_socket, draft_socket.hello(info.instance_id, self._token),
+                    self.connect_timeout_s, self.round_timeout_s)
+            except OSError as exc:
+                log.info("drafter_socket_unavailable", address=self.address,
+                         reason=str(exc))
+        return _DraftStream(self._stub)
+
+    @property
+    def transport(self) -> str | None:
+        """"unix" or "grpc": how the Draft stream travels; None while disconnected."""
+        with self._lock:
+            return self._stream.transport if self._stream is not None else None
 
     def _sleep(self, seconds: float) -> None:
         """Backoff that `close` cuts short."""
@@ -283,7 +410,7 @@ class DrafterClient:
             raise
         return reply.trees
 
-    def _on_failure(self, stream: _DraftStream, reason: str) -> None:
+    def _on_failure(self, stream: _Stream, reason: str) -> None:
         log.warning("drafter_lost", address=self.address, reason=reason)
         stream.close()
         with self._lock:

@@ -128,7 +128,7 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     if config.drafter_addr:
         drafter = DrafterClient(
             config.drafter_addr, config.draft_timeout_s, config.connect_timeout_s, target.config,
-            config.security)
+            config.security, use_socket=config.drafter_socket)
         drafter.connect(wait=True)  # not fatal: generations use ar without it
     engine = build_engine(config, target, drafter)
     sessions = ClientSessions(engine, config.max_budget)

@@ -114,7 +114,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DrafterInfo(_message.Message):
-    __slots__ = ("drafter_id", "block_size", "target_layer_ids", "hidden_size", "vocab_size", "max_budget", "num_target_layers", "wire_version")
+    __slots__ = ("drafter_id", "block_size", "target_layer_ids", "hidden_size", "vocab_size", "max_budget", "num_target_layers", "wire_version", "local_socket", "instance_id")
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     TARGET_LAYER_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,8 @@ class DrafterInfo(_message.Message):
     MAX_BUDGET_FIELD_NUMBER: _ClassVar[int]
     NUM_TARGET_LAYERS_FIELD_NUMBER: _ClassVar[int]
     WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     drafter_id: str
     block_size: int
     target_layer_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -131,4 +133,6 @@ class DrafterInfo(_message.Message):
     max_budget: int
     num_target_layers: int
     wire_version: int
-    def __init__(self, drafter_id: _Optional[str] = ..., block_size: _Optional[int] = ..., target_layer_ids: _Optional[_Iterable[int]] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_budget: _Optional[int] = ..., num_target_layers: _Optional[int] = ..., wire_version: _Optional[int] = ...) -> None: ...
+    local_socket: str
+    instance_id: str
+    def __init__(self, drafter_id: _Optional[str] = ..., block_size: _Optional[int] = ..., target_layer_ids: _Optional[_Iterable[int]] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_budget: _Optional[int] = ..., num_target_layers: _Optional[int] = ..., wire_version: _Optional[int] = ..., local_socket: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...

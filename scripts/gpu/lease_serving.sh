@@ -318,12 +318,14 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   # --max-budget 16 --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead (the verifier) and
   # DDTREE_CONTEXT_GRAPHS (the drafter service), each point (160 HumanEval requests x 256
   # tokens, two client processes: one prompt set at every point) through it
-  local ahead=$1 ctx=${3:-0} point mode budget c tag
-  tag=ahead${1}_ctx${ctx}
-  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx"
-  DDTREE_SEND_AHEAD=$ahead DDTREE_CONTEXT_GRAPHS=$ctx \
+  # SOCK=0: the verifier speaks the Draft stream over gRPC, not the drafter's Unix socket
+  local ahead=$1 ctx=${3:-0} point mode budget c tag sock=${SOCK:-1}
+  tag=ahead${1}_ctx${ctx}_sock${sock}${RUN:+_$RUN}
+  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx socket=$sock"
+  DDTREE_SEND_AHEAD=$ahead DDTREE_CONTEXT_GRAPHS=$ctx DDTREE_DRAFTER_SOCKET=$sock \
     SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _$tag || return 3
   grep -h warmed_up "$OUT/serve_$tag.log" | cut -c1-200
+  grep -ho "transport=[a-z]*\|\"transport\": \"[a-z]*\"" "$OUT/serve_$tag.log" | sort | uniq -c
   for point in $2; do
     IFS=: read -r mode budget c <<<"$point"
     mark "$mode@$budget c$c, 160 requests, $tag"
@@ -332,7 +334,7 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
       --modes "$mode" --budgets "$budget" --concurrency "$c" \
       --json-out "$OUT/report_${tag}_${mode}_c$c.json" 2>&1 | grep humaneval
   done
-  local ar_reports=("$OUT"/report_${tag}_ar_c*.json)  # the gateway's reports: texts
+  local ar_reports=("$OUT"/report_*_ar_c*.json)  # the call's ar reports (texts)
   if [ -e "${ar_reports[0]}" ]; then
     for point in "$OUT"/report_${tag}_*.json; do
       echo "$(basename "$point"): $(python3 scripts/gpu/ar_mismatches.py "$point" \
@@ -446,6 +448,68 @@ case "${1:?call number}" in
   mv "$OUT/report_ahead0_ctx0_tree_c1.json" "$OUT/report_ahead0_ctx0_tree_c1_first.json"
   serve_ahead 0 "tree:16:8 tree:16:1" 0
   serve_ahead 1 "tree:16:8 tree:16:1" 1
+  pack_all $1
+  mark done
+  ;;
+94)
+  # (after 0-3, carry .carry/g4) the Draft stream over the drafter's Unix socket (the
+  # default) against gRPC through `ddtree serve`: tree@16 and ar at c8 / c1 with the
+  # socket, then tree@16 at c8 / c1 over gRPC (call 95 runs gRPC first, then the socket)
+  [ -f $T/config.json ] || stage_target
+  SOCK=1 serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  SOCK=0 serve_ahead 1 "tree:16:8 tree:16:1" 1
+  pack_all $1
+  mark done
+  ;;
+95)
+  # (warm after 94) the other order: gRPC then the socket, tree@16 at c8 / c1; then tree@16
+  # and ar in process (`ddtree bench`, 160 requests) for the through-the-gateway ratios
+  [ -f $T/config.json ] || stage_target
+  SOCK=0 RUN=b serve_ahead 1 "tree:16:8 tree:16:1" 1
+  SOCK=1 RUN=b serve_ahead 1 "tree:16:8 tree:16:1" 1
+  mark "in process, 160 requests"
+  NUM=160 BENCH_TIMEOUT=200 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
+  pack_all $1
+  mark done
+  ;;
+93)
+  # (after 0-3, carry .carry/g4) where the drafter service's round goes at 1 and 8 rows:
+  # the remote round's stage split in one process (loopback gRPC, tree@16, the drafter's
+  # decode / graph / encode timed by wrapping its methods), then `ddtree serve` (tree@16,
+  # the defaults) at c8 and c1 with py-spy on the drafter and the verifier (idle threads
+  # too, 1 kHz), the rounds counted from the verifier's metrics before and after
+  [ -f $T/config.json ] || stage_target
+  mark "remote profile, tree@16, rows 1 and 8"
+  remote_profile --rows 1,8 --rounds 80 --budget 16 > "$OUT/remote_profile.txt" 2>&1
+  grep -A4 "^per-round" "$OUT/remote_profile.txt"
+  mark "serve (services, --max-budget 16 --max-num-seqs 8)"
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
+  SPY=/tmp/site/bin/py-spy
+  for c in 8 1; do
+    mark "tree@16 c$c, 160 requests, py-spy on drafter and verifier"
+    curl -s http://127.0.0.1:8000/metrics | grep -v "^#" > "$OUT/metrics_c${c}_before.txt"
+    spies=""
+    for svc in verifier drafter; do
+      (sleep 4; timeout 30 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 8 \
+        --rate 1000 --nonblocking --idle --threads --format raw \
+        -o "$OUT/spy_c${c}_$svc.txt" >/dev/null 2>&1) &
+      spies="$spies $!"
+    done
+    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+      --modes tree --budgets 16 --concurrency $c --json-out "$OUT/report_c$c.json" 2>&1 \
+      | grep humaneval
+    wait $spies
+    curl -s http://127.0.0.1:8000/metrics | grep -v "^#" > "$OUT/metrics_c${c}_after.txt"
+    for svc in drafter verifier; do
+      python3 scripts/gpu/spy_summary.py "$OUT/spy_c${c}_$svc.txt" --top 30 --threads 4 \
+        > "$OUT/spy_c${c}_${svc}_summary.txt" 2>&1
+      head -3 "$OUT/spy_c${c}_${svc}_summary.txt"
+    done
+  done
+  kill $S; wait $S 2>/dev/null
+  gzip -f "$OUT/serve_prof.log"
   pack_all $1
   mark done
   ;;

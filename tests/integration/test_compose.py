@@ -63,6 +63,11 @@ def test_compose_settings_come_from_the_environment() -> None:
     for name in ("drafter", "verifier"):
         cache = services[name]["environment"]["TRITON_CACHE_DIR"]
         assert f"triton-cache:{cache}" in services[name]["volumes"], name
+    # the drafter's Unix socket lies in a volume the verifier mounts at the same place
+    socket_dir = services["drafter"]["environment"]["DDTREE_LOCAL_SOCKET"].rsplit("/", 1)[0]
+    for name in ("drafter", "verifier"):
+        assert f"drafter-socket:{socket_dir}" in services[name]["volumes"], name
+    assert services["verifier"]["environment"]["DDTREE_DRAFTER_SOCKET"] == "1"
 
 
 def test_only_the_gateway_is_published_and_on_loopback_by_default() -> None:

@@ -127,6 +127,22 @@ def test_trees_are_asked_for_ahead_and_context_graphs_on_unless_turned_off() -> 
                           {"DDTREE_CONTEXT_GRAPHS": "0"}).context_graphs is True
 
 
+def test_the_draft_stream_takes_the_drafters_socket_unless_turned_off() -> None:
+    drafter = ["--drafter", "d", "--target", "t"]
+    assert drafter_config(drafter, {}).local_socket == "auto"
+    assert drafter_config(drafter + ["--local-socket", "none"], {}).local_socket == ""
+    assert drafter_config(drafter, {"DDTREE_LOCAL_SOCKET": "/run/d.sock"}).local_socket == (
+        "/run/d.sock")
+    assert drafter_config(drafter + ["--local-socket", "/x.sock"],
+                          {"DDTREE_LOCAL_SOCKET": "off"}).local_socket == "/x.sock"
+    with pytest.raises(SystemExit):  # longer than a Unix socket address holds
+        drafter_config(drafter + ["--local-socket", "/" + "s" * 120], {})
+    base = ["--target", "t", "--drafter-addr", "h:1"]
+    assert verifier_config(base, {}).drafter_socket is True
+    assert verifier_config(base + ["--no-drafter-socket"], {}).drafter_socket is False
+    assert verifier_config(base, {"DDTREE_DRAFTER_SOCKET": "0"}).drafter_socket is False
+
+
 def test_the_gil_switch_interval_comes_from_the_environment() -> None:
     import sys
 
