@@ -71,9 +71,7 @@ class LocalDraftServer:
         are freed by the servicer), removes the socket file."""
         self._stopping.set()
         if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
-            self._listener.close()
+            self._listener.close()  # the accept loop sees _stopping within WAIT_SLICE_S
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
@@ -83,12 +81,17 @@ class LocalDraftServer:
             os.unlink(self.path)
 
     def _accept(self) -> None:
-        assert self._listener is not None
+        listener = self._listener
+        assert listener is not None
+        listener.settimeout(draft_socket.WAIT_SLICE_S)  # a close does not wake accept()
         while not self._stopping.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return  # the listener was closed (stop)
+            conn.settimeout(HELLO_TIMEOUT_S)  # never blocking mode (draft_socket.recv_frame)
             threading.Thread(target=self._serve, args=(conn,), name="draft-socket-stream",
                              daemon=True).start()
 

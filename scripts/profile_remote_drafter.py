@@ -4,7 +4,8 @@ RemoteDrafter, N rows in one mode for some rounds; per round, the time split int
 
   verifier pack      RemoteDrafter builds the round's request (features gathered, encoded)
   rpc wait           the exchange minus the drafter's handling: transport, (de)serialising,
-                     the stream's queues and threads
+                     the stream's queues and threads (the drafter's Unix socket by
+                     default; `--grpc`: the gRPC stream)
   drafter unpack     the servicer decodes and checks the request, session bookkeeping
   drafter copies     GraphDrafter's staging around the model (host <-> device on a GPU)
   drafter forward    the drafter model and the tree build (one batched call)
@@ -142,9 +143,11 @@ def run_rows(target_dir: Path, port: int, num_rows: int, args: argparse.Namespac
     """One engine with `num_rows` generations; -> per-round medians (ms) and counts."""
     target = load_target(target_dir, torch.device(args.device),
                          getattr(torch, args.dtype)).eval()
-    client = DrafterClient(f"127.0.0.1:{port}", 20.0, 20.0, target.config)
+    client = DrafterClient(f"127.0.0.1:{port}", 20.0, 20.0, target.config,
+                           use_socket=not args.grpc)
     client.connect(wait=True)
     assert client.info is not None, "the drafter service did not answer"
+    print(f"the Draft stream over {client.transport}", file=sys.stderr)
     drafting = RemoteDrafter(client, client.info, 20.0)
     engine = Engine(target, drafting, EngineConfig(max_num_seqs=num_rows, max_queue=0,
                                                    max_budget=args.budget,
@@ -257,6 +260,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cprofile", action="store_true", help="print cProfile's top functions")
     parser.add_argument("--cprofile-top", type=int, default=25)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--grpc", action="store_true",
+                        help="the Draft stream over gRPC, not the drafter's Unix socket")
     parser.add_argument("--trace-dir", type=Path, default=None,
                         help="also write a torch.profiler Chrome trace of 12 more rounds "
                              "per row count (trace_rows{N}.json)")

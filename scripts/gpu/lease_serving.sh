@@ -206,7 +206,11 @@
 #           issue 8's ratios on one machine: `ddtree serve`, in process, the speed table;
 #           call 92 (after 0-3; lease 25, REMOTE_ONLY=1) the engine traced through a drafter service
 #           and in process at tree@16 c1 / c8
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|92   (results under $OUT; 61-63, 65 gone)
+#   call 93 (twenty-first session, lease 26, after 0-3) py-spy on the drafter and verifier
+#           under `ddtree serve` (tree@16 c8 / c1) and the remote round's split; calls 94 (lease
+#           27, after 0-3) and 95 (lease 28, stages when fresh) the Draft stream over the
+#           drafter's Unix socket against gRPC through `ddtree serve`, both orders, and in process
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|95   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
