@@ -189,11 +189,11 @@ def _start_local_socket(config: DrafterServiceConfig, port: int, servicer: Draft
         return None
     path = default_path(port) if config.local_socket == "auto" else config.local_socket
     instance_id = secrets.token_hex(16)
-    local = LocalDraftServer(path, servicer, instance_id, config.security.token,
-                             config.max_streams)
     try:
+        local = LocalDraftServer(path, servicer, instance_id, config.security.token,
+                                 config.max_streams)  # ValueError: an `auto` path too long
         local.start()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         log.error("drafter_local_socket_failed", path=path, error=str(exc))
         return None
     info.local_socket, info.instance_id = path, instance_id

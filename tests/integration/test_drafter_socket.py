@@ -209,3 +209,21 @@ def test_the_socket_file_of_a_dead_drafter_is_replaced_and_a_live_one_kept(
         second.start()
     with pytest.raises(ValueError, match="longer than"):
         LocalDraftServer("/" + "s" * 120, servicer, "c" * 32, "", 2)
+
+
+def test_a_drafter_whose_socket_cannot_be_bound_serves_grpc_alone(
+        tiny_pair: Path, fp32_target: TargetModel, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # `auto` would be longer than an address holds
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    server, port = build_server(drafter_config(tiny_pair))
+    try:
+        assert server.local is None
+        client = client_of(port, fp32_target)
+        assert client.info is not None and client.info.local_socket == ""
+        assert client.transport == "grpc"
+        assert round_trip(client).committed_len == []
+        client.close()
+    finally:
+        server.stop(None)
