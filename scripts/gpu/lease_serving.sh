@@ -209,8 +209,9 @@
 #   call 93 (twenty-first session, lease 26, after 0-3) py-spy on the drafter and verifier
 #           under `ddtree serve` (tree@16 c8 / c1) and the remote round's split; calls 94 (lease
 #           27, after 0-3) and 95 (lease 28, stages when fresh) the Draft stream over the
-#           drafter's Unix socket against gRPC through `ddtree serve`, both orders, and in process
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|95   (results under $OUT; 61-63, 65 gone)
+#           drafter's Unix socket against gRPC through `ddtree serve`, both orders, and in process;
+#           call 96 (lease 29, after 0-3) py-spy on both at tree@16 c8 once traffic runs
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|96   (results under $OUT; 61-63, 65 gone)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -452,6 +453,47 @@ case "${1:?call number}" in
   mv "$OUT/report_ahead0_ctx0_tree_c1.json" "$OUT/report_ahead0_ctx0_tree_c1_first.json"
   serve_ahead 0 "tree:16:8 tree:16:1" 0
   serve_ahead 1 "tree:16:8 tree:16:1" 1
+  pack_all $1
+  mark done
+  ;;
+96)
+  # (after 0-3, carry .carry/g4) where a c8 round through the services goes with the Draft
+  # stream over the Unix socket: `ddtree serve` (defaults), tree@16 c8 (160 requests) with
+  # py-spy (1 kHz, idle threads) on the verifier and the drafter for 6 s once the engine's
+  # round counter moves (call 93's windows missed the traffic), the rounds in the window
+  # from the verifier's metrics at its edges
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _spy || exit 3
+  rounds() { curl -s http://127.0.0.1:8000/metrics | awk '/^ddtree:engine_rounds_total/ {print $2}'; }
+  SPY=/tmp/site/bin/py-spy
+  base=$(rounds)
+  mark "tree@16 c8, 160 requests (rounds so far: $base)"
+  timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+    --modes tree --budgets 16 --concurrency 8 --json-out "$OUT/report_c8.json" 2>&1 \
+    | grep humaneval &
+  bench=$!
+  for _ in $(seq 1 120); do
+    now=$(rounds); python3 -c "import sys; sys.exit(float('$now') - float('$base') < 100)" && break
+    sleep 0.25
+  done
+  before=$(rounds); mark "traffic (rounds $before): py-spy 6 s"
+  spies=""
+  for svc in verifier drafter; do
+    timeout 20 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 6 --rate 1000 \
+      --nonblocking --idle --threads --format raw -o "$OUT/spy_c8_$svc.txt" >/dev/null 2>&1 &
+    spies="$spies $!"
+  done
+  sleep 6.3; after=$(rounds); wait $spies
+  echo "rounds in the window: $before -> $after"
+  wait $bench
+  for svc in verifier drafter; do
+    python3 scripts/gpu/spy_summary.py "$OUT/spy_c8_$svc.txt" --top 30 --threads 5 \
+      > "$OUT/spy_c8_${svc}_summary.txt" 2>&1
+    head -12 "$OUT/spy_c8_${svc}_summary.txt"
+  done
+  kill $S; wait $S 2>/dev/null
+  gzip -f "$OUT/serve_spy.log" "$OUT"/spy_c8_verifier.txt "$OUT"/spy_c8_drafter.txt
   pack_all $1
   mark done
   ;;
