@@ -117,7 +117,7 @@ class LocalDraftServer:
     def _admit(self, conn: socket.socket, peer: str) -> bool:
         """Reads and checks the hello and takes a stream slot; False: refused (logged)."""
         try:
-            frame = draft_socket.recv_frame(conn, _deadline(HELLO_TIMEOUT_S))
+            frame = draft_socket.recv_frame(conn, time.monotonic() + HELLO_TIMEOUT_S)
         except (OSError, FrameError):
             log.warning("draft_socket_refused", peer=peer, reason="no hello")
             return False
@@ -146,10 +146,6 @@ class LocalDraftServer:
             except DecodeError:
                 log.warning("draft_socket_malformed", peer=peer, num_bytes=len(frame))
                 return
-
-
-def _deadline(seconds: float) -> float:
-    return time.monotonic() + seconds
 
 
 def _remove_stale(path: str) -> None:

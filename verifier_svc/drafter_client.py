@@ -12,6 +12,7 @@ DEADLINE_EXCEEDED are retried, and only for GetInfo, which carries no generation
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import itertools
 import queue
@@ -45,7 +46,7 @@ class DrafterUnavailable(Exception):
     """The drafter cannot answer this round (down, stream broken, or too slow)."""
 
 
-class _Stream:
+class _Stream(abc.ABC):
     """One Draft stream as the engine uses it: `send` queues a request, `receive` claims
     the reply of one round. Several draft rounds may be outstanding at once (the
     engine's two alternating groups, a round asked for ahead): the drafter answers in
@@ -101,14 +102,17 @@ class _Stream:
         self._outstanding.discard(round_id)
         self._early.pop(round_id, None)
 
+    @abc.abstractmethod
     def _send(self, request: drafter_pb2.DraftRequest) -> None:
-        raise NotImplementedError
+        """Hands `request` to the transport; a failure is kept for the next receive."""
 
+    @abc.abstractmethod
     def _next_reply(self, deadline: float, timeout_s: float) -> drafter_pb2.DraftResponse:
-        raise NotImplementedError
+        """The next reply on the stream, before `deadline`; DrafterUnavailable otherwise."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Ends the stream (the drafter frees its sessions)."""
 
 
 class _DraftStream(_Stream):

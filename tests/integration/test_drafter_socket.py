@@ -26,7 +26,7 @@ from drafter_svc.config import DrafterServiceConfig
 from drafter_svc.local_socket import LocalDraftServer
 from drafter_svc.server import DrafterServer, build_server
 from tests.integration.conftest import MAX_BUDGET, greedy_tokens
-from tests.integration.test_remote_ahead import requests
+from tests.integration.test_remote_ahead import requests, run_all
 from verifier_svc.drafter_client import DrafterClient, DrafterUnavailable, _SocketDraftStream
 from verifier_svc.remote_drafter import RemoteDrafter
 
@@ -73,15 +73,10 @@ def wait_for(predicate: object, timeout_s: float = 15.0) -> bool:
 
 def serve(engine: Engine, reqs: list[GenerationRequest]) -> tuple[dict[str, list[int]], int]:
     """-> each request's tokens, and the tree nodes its rounds verified (drafted ones)."""
-    for i, request in enumerate(reqs):
-        engine.add_request(f"r{i}", request)
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(reqs))}
-    num_drafted = 0
-    while engine.has_work:
-        for request_id, result in engine.step():
-            tokens[request_id] += result.new_tokens
-            num_drafted += result.num_drafted_nodes
-    return tokens, num_drafted
+    drafted: list[int] = []
+    tokens = run_all(engine, reqs, on_result=lambda result: drafted.append(
+        result.num_drafted_nodes))
+    return tokens, sum(drafted)
 
 
 @pytest.mark.parametrize("sampled", [False, True])

@@ -10,9 +10,11 @@ meanwhile leave nothing behind."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine import Engine, EngineConfig, GenerationRequest, RoundResult, SpecParams
 from ddtree.models.target import TargetModel
 from ddtree.sampling import SamplingParams
 from tests.integration.conftest import MAX_BUDGET, greedy_tokens, make_prompt
@@ -44,7 +46,9 @@ def requests(target: TargetModel, sampled: bool) -> list[GenerationRequest]:
 
 
 def run_all(engine: Engine, reqs: list[GenerationRequest],
-            abort_after: dict[str, int] | None = None) -> dict[str, list[int]]:
+            abort_after: dict[str, int] | None = None,
+            on_result: Callable[[RoundResult], None] | None = None) -> dict[str, list[int]]:
+    """Each request's tokens; `on_result` sees every round's result."""
     for i, request in enumerate(reqs):
         engine.add_request(f"r{i}", request)
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(reqs))}
@@ -52,6 +56,8 @@ def run_all(engine: Engine, reqs: list[GenerationRequest],
     while engine.has_work:
         for request_id, result in engine.step():
             tokens[request_id] += result.new_tokens
+            if on_result is not None:
+                on_result(result)
         steps += 1
         for request_id, at in (abort_after or {}).items():
             if steps == at:
