@@ -17,14 +17,17 @@ that answers them are the gRPC stream's; only the framing differs:
   b"ok" or closes the socket (a socket file left by another drafter process, or a
   wrong token, never joins a stream);
 - then every client frame is a DraftRequest, every server frame its DraftResponse, in
-  order, as on the gRPC stream. A frame longer than MAX_FRAME_BYTES, a malformed
-  message or a closed socket ends the connection (the verifier falls back to ar for
-  that round and reconnects, as after a broken gRPC stream).
+  order, as on the gRPC stream (a hello of SHARED_PREFIX instead opens the shared
+  draft link, whose frames drafter_svc/shared_round.py describes). A frame longer
+  than MAX_FRAME_BYTES, a malformed message or a closed socket ends the connection
+  (the verifier falls back to ar for that round and reconnects, as after a broken
+  gRPC stream).
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 import socket
 import struct
 import threading
@@ -34,7 +37,17 @@ from ddtree.service import MAX_MESSAGE_BYTES
 
 MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
 HELLO_PREFIX = b"ddtree-draft/1 "
+# The shared draft link's hello (verifier_svc/shared_drafter.py): the drafter drafts over
+# the verifier's own round state, opened from its shared memory.
+SHARED_PREFIX = b"ddtree-shared/1 "
 HELLO_OK = b"ok"
+# The shared link's answer to a request done, and its per-round frame: b"D", the round's
+# batch and tree nodes (drafter_svc/shared_round.py).
+SHARED_OK = b"k"
+SHARED_DRAFT = struct.Struct("<cII")
+# The byte that carries a frame's file descriptors (SCM_RIGHTS), sent right after it.
+FD_CARRIER = b"F"
+MAX_FDS = 16
 _LENGTH = struct.Struct("<I")
 # sockaddr_un's sun_path holds 108 bytes on Linux (104 on macOS), the terminating NUL included.
 MAX_PATH_BYTES = 103
@@ -46,17 +59,20 @@ class FrameError(ConnectionError):
     """The peer closed the socket or broke the framing; the connection is done."""
 
 
-def hello(instance_id: str, token: str = "") -> bytes:
-    return HELLO_PREFIX + instance_id.encode() + (b" " + token.encode() if token else b"")
+def hello(instance_id: str, token: str = "", prefix: bytes = HELLO_PREFIX) -> bytes:
+    return prefix + instance_id.encode() + (b" " + token.encode() if token else b"")
 
 
-def hello_accepted(frame: bytes, instance_id: str, token: str) -> bool:
-    """Whether a client's hello names this process and carries the expected token (compared
-    in constant time)."""
-    if not frame.startswith(HELLO_PREFIX):
-        return False
-    named, _, given = frame[len(HELLO_PREFIX):].partition(b" ")
-    return named == instance_id.encode() and hmac.compare_digest(given, token.encode())
+def hello_accepted(frame: bytes, instance_id: str, token: str) -> bytes | None:
+    """The hello's prefix (HELLO_PREFIX or SHARED_PREFIX) when it names this process and
+    carries the expected token (compared in constant time), else None."""
+    prefix = next((p for p in (HELLO_PREFIX, SHARED_PREFIX) if frame.startswith(p)), None)
+    if prefix is None:
+        return None
+    named, _, given = frame[len(prefix):].partition(b" ")
+    if named == instance_id.encode() and hmac.compare_digest(given, token.encode()):
+        return prefix
+    return None
 
 
 def check_path(path: str) -> None:
@@ -67,6 +83,27 @@ def check_path(path: str) -> None:
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_LENGTH.pack(len(payload)) + payload)
+
+
+def send_fds(sock: socket.socket, fds: list[int]) -> None:
+    """The file descriptors of the frame just sent (none: nothing is sent)."""
+    if fds:
+        socket.send_fds(sock, [FD_CARRIER], fds)
+
+
+def recv_fds(sock: socket.socket, count: int, deadline: float) -> list[int]:
+    """The `count` file descriptors sent with the last frame (send_fds)."""
+    if not count:
+        return []
+    if count > MAX_FDS:
+        raise FrameError(f"{count} file descriptors exceed {MAX_FDS}")
+    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+    data, fds, _, _ = socket.recv_fds(sock, 1, count)
+    if data != FD_CARRIER or len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise FrameError("the frame's file descriptors did not arrive")
+    return list(fds)
 
 
 def recv_frame(sock: socket.socket, deadline: float | None = None,

@@ -35,6 +35,10 @@ class DrafterServiceConfig:
     # GetInfo; ddtree/draft_socket.py): "auto" = $TMPDIR/ddtree-drafter-<port>.sock,
     # a path, or "" for none (gRPC only).
     local_socket: str = "auto"
+    # A verifier on this host and GPU may share its round state over the local socket
+    # (the shared draft link, drafter_svc/shared_round.py): the draft half then runs here
+    # over the verifier's tables, with no features or trees through the socket.
+    shared_draft: bool = True
     grpc_token: str = field(default="", repr=False)
     tls_cert: str = ""
     tls_key: str = ""
@@ -90,6 +94,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         help="the Draft stream also on this Unix socket for verifiers on "
                              "this host ('auto': $TMPDIR/ddtree-drafter-<port>.sock; "
                              "'none': gRPC only)")
+    parser.add_argument("--shared-draft", action=argparse.BooleanOptionalAction,
+                        default=get("SHARED_DRAFT", "1") != "0",
+                        help="let a verifier on this host and GPU share its round state "
+                             "over the local socket (on by default)")
     add_security_flags(parser, env, is_server=True, is_client=False)
     parser.add_argument("--no-reflection", dest="is_reflection", action="store_false",
                         default=get("REFLECTION", "1") != "0", help="no server reflection")

@@ -17,14 +17,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import structlog
 from google.protobuf.message import DecodeError
 
 from ddtree import draft_socket
 from ddtree.draft_socket import FrameError
+from ddtree.engine.drafting import LocalDrafter
 from ddtree.v1 import drafter_pb2
 from drafter_svc.servicer import DrafterServicer
+from drafter_svc.shared_round import SharedRoundLink, serve_shared
 
 log = structlog.get_logger("drafter_svc.local_socket")
 
@@ -39,13 +42,15 @@ def default_path(port: int) -> str:
 
 class LocalDraftServer:
     def __init__(self, path: str, servicer: DrafterServicer, instance_id: str, token: str,
-                 max_streams: int) -> None:
+                 max_streams: int, shared: SharedLinks | None = None) -> None:
+        """shared: what a shared draft link needs (None: such hellos are refused)."""
         draft_socket.check_path(path)
         self.path = path
         self.servicer = servicer
         self.instance_id = instance_id
         self.token = token
         self.max_streams = max_streams
+        self.shared = shared
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -98,9 +103,14 @@ class LocalDraftServer:
     def _serve(self, conn: socket.socket) -> None:
         peer = f"unix:{self.path}#{conn.fileno()}"
         try:
-            if not self._admit(conn, peer):
+            kind = self._admit(conn, peer)
+            if kind is None:
                 return
             draft_socket.send_frame(conn, draft_socket.HELLO_OK)
+            if kind == draft_socket.SHARED_PREFIX:
+                assert self.shared is not None
+                serve_shared(conn, peer, self.shared.link(conn, self._stopping))
+                return
             # closing: the stream's sessions are freed at once, also when a send fails
             with contextlib.closing(self.servicer.serve_stream(self._requests(conn, peer),
                                                                peer)) as replies:
@@ -114,24 +124,29 @@ class LocalDraftServer:
                 self._connections.discard(conn)
             conn.close()
 
-    def _admit(self, conn: socket.socket, peer: str) -> bool:
-        """Reads and checks the hello and takes a stream slot; False: refused (logged)."""
+    def _admit(self, conn: socket.socket, peer: str) -> bytes | None:
+        """Reads and checks the hello and takes a stream slot; -> the hello's kind
+        (draft_socket.HELLO_PREFIX or SHARED_PREFIX), None: refused (logged)."""
         try:
             frame = draft_socket.recv_frame(conn, time.monotonic() + HELLO_TIMEOUT_S)
         except (OSError, FrameError):
             log.warning("draft_socket_refused", peer=peer, reason="no hello")
-            return False
-        if not draft_socket.hello_accepted(frame, self.instance_id, self.token):
+            return None
+        kind = draft_socket.hello_accepted(frame, self.instance_id, self.token)
+        if kind is None:
             log.warning("draft_socket_refused", peer=peer,
                         reason="hello names another drafter or lacks the token")
-            return False
+            return None
+        if kind == draft_socket.SHARED_PREFIX and self.shared is None:
+            log.warning("draft_socket_refused", peer=peer, reason="shared draft is off")
+            return None
         with self._lock:
             if len(self._connections) >= self.max_streams:
                 log.warning("draft_socket_refused", peer=peer,
                             reason=f"the drafter serves at most {self.max_streams} streams")
-                return False
+                return None
             self._connections.add(conn)
-        return True
+        return kind
 
     def _requests(self, conn: socket.socket, peer: str) -> Iterator[drafter_pb2.DraftRequest]:
         """The connection's requests until it closes, breaks its framing or the server
@@ -146,6 +161,21 @@ class LocalDraftServer:
             except DecodeError:
                 log.warning("draft_socket_malformed", peer=peer, num_bytes=len(frame))
                 return
+
+
+@dataclass(frozen=True)
+class SharedLinks:
+    """What each shared draft link of this drafter is built from."""
+
+    template: LocalDrafter  # the service's drafter; each link gets a pool of its own
+    lock: threading.Lock  # the model's: one stream's work at a time
+    max_slots: int
+    max_model_len: int
+    context_graphs: bool
+
+    def link(self, conn: socket.socket, stopping: threading.Event) -> SharedRoundLink:
+        return SharedRoundLink(conn, self.template, self.lock, self.max_slots,
+                               self.max_model_len, self.context_graphs, stopping)
 
 
 def _remove_stale(path: str) -> None:

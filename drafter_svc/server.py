@@ -39,7 +39,7 @@ from ddtree.service import (
 )
 from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
 from drafter_svc.config import DrafterServiceConfig
-from drafter_svc.local_socket import LocalDraftServer, default_path
+from drafter_svc.local_socket import LocalDraftServer, SharedLinks, default_path
 from drafter_svc.servicer import DrafterServicer
 from drafter_svc.sessions import DraftSessionTable
 
@@ -153,7 +153,9 @@ def build_server(config: DrafterServiceConfig) -> tuple[DrafterServer, int]:
     drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)
     port = add_port(server, config.host, config.port, config.security)
-    socket_server = _start_local_socket(config, port, servicer, info)  # before GetInfo answers
+    shared = SharedLinks(local, servicer.model_lock, config.max_sessions, max_model_len,
+                         config.context_graphs) if config.shared_draft else None
+    socket_server = _start_local_socket(config, port, servicer, info, shared)  # before GetInfo
     server.start()
     set_serving(health, [SERVICE_NAME])
     log.info(
@@ -181,7 +183,8 @@ class DrafterServer:
 
 
 def _start_local_socket(config: DrafterServiceConfig, port: int, servicer: DrafterServicer,
-                        info: drafter_pb2.DrafterInfo) -> LocalDraftServer | None:
+                        info: drafter_pb2.DrafterInfo,
+                        shared: SharedLinks | None) -> LocalDraftServer | None:
     """The Draft stream's Unix socket (config.local_socket: "auto" = one per gRPC port in
     the temporary directory, "" = none), advertised in `info`. A socket that cannot be
     bound is logged and left out: verifiers then use the gRPC stream."""
@@ -191,7 +194,7 @@ def _start_local_socket(config: DrafterServiceConfig, port: int, servicer: Draft
     instance_id = secrets.token_hex(16)
     try:
         local = LocalDraftServer(path, servicer, instance_id, config.security.token,
-                                 config.max_streams)  # ValueError: an `auto` path too long
+                                 config.max_streams, shared)  # ValueError: an `auto` path too long
         local.start()
     except (OSError, ValueError) as exc:
         log.error("drafter_local_socket_failed", path=path, error=str(exc))

@@ -47,7 +47,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.device = self.drafter.embeddings.embed_tokens.weight.device
         self.feature_width = len(info.target_layer_ids) * info.hidden_size  # k*H
         # One model, many streams (M verifiers): one round at a time.
-        self._model_lock = threading.Lock()
+        self.model_lock = threading.Lock()
 
     def GetInfo(
         self, request: drafter_pb2.DrafterInfoRequest, context: grpc.ServicerContext
@@ -156,7 +156,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         _check_rows(batch, self.info.vocab_size, max_nodes, failed)
         tokens = parents = np.zeros((num_rows, 1), dtype=np.int64)
         num_nodes = np.zeros(num_rows, dtype=np.int64)
-        with self._model_lock:
+        with self.model_lock:
             drafted = self._rows_of(batch, opened, failed)
             if drafted:
                 try:

@@ -42,6 +42,10 @@ class VerifierServiceConfig:
     # The Draft stream over the drafter's Unix socket when it advertises one this host
     # can open (same messages, without gRPC's threads); gRPC otherwise.
     drafter_socket: bool = True
+    # ... and, with the drafter on this GPU, share the engine's round state with it (the
+    # shared draft link: the draft half runs there over this process's tables, nothing
+    # but 9 bytes through the socket a round); off or unavailable: the Draft stream.
+    drafter_shared: bool = True
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
@@ -166,6 +170,12 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         help="speak the Draft stream over the drafter's Unix socket when it "
                              "advertises one this host can open (on by default; off: the "
                              "gRPC stream always)")
+    parser.add_argument("--drafter-shared", action=argparse.BooleanOptionalAction,
+                        default=get("DRAFTER_SHARED", "1") != "0",
+                        help="with the drafter on this host and GPU, share the engine's "
+                             "round state with it over its Unix socket: the draft half "
+                             "runs there without features or trees through the host (on "
+                             "by default; falls back to the Draft stream)")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

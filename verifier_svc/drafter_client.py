@@ -414,6 +414,19 @@ class DrafterClient:
             raise
         return reply.trees
 
+    @property
+    def token(self) -> str:
+        """The token the drafter requires (sent in socket hellos)."""
+        return self._token
+
+    def reset(self, reason: str) -> None:
+        """Something else on the link to this drafter failed (the shared draft link): the
+        stream is closed and the drafter looked up again (it may have restarted)."""
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            self._on_failure(stream, reason)
+
     def _on_failure(self, stream: _Stream, reason: str) -> None:
         log.warning("drafter_lost", address=self.address, reason=reason)
         stream.close()

@@ -36,6 +36,7 @@ from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.remote_drafter import RemoteDrafter
 from verifier_svc.scheduler import Scheduler
 from verifier_svc.servicer import VerifierServicer
+from verifier_svc.shared_drafter import SharedDrafter
 
 log = structlog.get_logger("verifier_svc")
 
@@ -103,14 +104,8 @@ def build_engine(config: VerifierServiceConfig, target: TargetModel,
                              weight.dtype).eval()
         engine = build_local(target, local, config.engine_config())
     else:
-        remote = None
-        info = drafter.info if drafter is not None else None
-        if drafter is not None and info is not None:
-            remote = RemoteDrafter(drafter, info, config.draft_timeout_s,
-                                   config.draft_new_shape_timeout_s)
-        elif drafter is not None:
-            log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
-        engine = Engine(target, remote, config.engine_config())
+        engine = _remote_engine(config, target, drafter)
+        log.info("drafter_link", kind=_link_kind(engine.drafting, drafter))
     if engine.graphs.enabled:
         started = time.perf_counter()
         num_shapes = engine.warm_up()
@@ -118,6 +113,36 @@ def build_engine(config: VerifierServiceConfig, target: TargetModel,
                  batch_buckets=list(engine.plan.batch_buckets),
                  seconds=round(time.perf_counter() - started, 1))
     return engine
+
+
+def _remote_engine(config: VerifierServiceConfig, target: TargetModel,
+                   drafter: DrafterClient | None) -> Engine:
+    """The engine with the drafter service: the shared draft link where the drafter
+    accepts it (this host and GPU), else the Draft stream; without a drafter, ar."""
+    info = drafter.info if drafter is not None else None
+    if drafter is None or info is None:
+        if drafter is not None:
+            log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
+        return Engine(target, None, config.engine_config())
+    remote = RemoteDrafter(drafter, info, config.draft_timeout_s,
+                           config.draft_new_shape_timeout_s)
+    if not (config.drafter_shared and config.drafter_socket and info.local_socket
+            and config.tensor_parallel_size == 1):
+        return Engine(target, remote, config.engine_config())
+    shared = SharedDrafter(drafter, info, config.draft_timeout_s,
+                           config.draft_new_shape_timeout_s)
+    engine = Engine(target, shared, config.engine_config())  # attaches the link
+    if not shared.linked:  # another GPU or host, or no CUDA IPC: the Draft stream
+        engine.drafting = remote
+    return engine
+
+
+def _link_kind(drafting: object, drafter: DrafterClient | None) -> str:
+    if isinstance(drafting, SharedDrafter):
+        return "shared"
+    if drafting is None or drafter is None:
+        return "none"
+    return drafter.transport or "none"
 
 
 def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ddtree.engine.config import EngineConfig, PoolPlan, plan_pool
-from ddtree.engine.drafting import Drafting, LocalDrafter
+from ddtree.engine.drafting import DeviceDrafting, Drafting, LocalDrafter
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.logprobs import token_logprobs
 from ddtree.engine.policy import BudgetPolicy
@@ -36,7 +36,7 @@ from ddtree.engine.prefill_graphs import PrefillGraphs
 from ddtree.engine.request import MODE_RULES, GenerationRequest, RoundResult
 from ddtree.engine.round import BucketKey, RoundBuffers, draft_into, verify_into
 from ddtree.engine.rows import Row
-from ddtree.engine.state import COMMITTED, RowParams, SlotAllocator, SlotState
+from ddtree.engine.state import BONUS, COMMITTED, RowParams, SlotAllocator, SlotState
 from ddtree.engine.timing import RoundTimer, round_cost
 from ddtree.errors import CapacityError, InvalidArgumentError
 from ddtree.models.kv_pool import KVPool
@@ -135,6 +135,8 @@ class Engine:
         self._sent: dict[int, Any] = {}  # group -> the drafter's SentRound
         self._turn = 0
         self._planned: int | None = None  # the auto rows' tree size of a round sent ahead
+        if isinstance(drafting, DeviceDrafting):
+            drafting.attach(self)  # its draft half reads this engine's tables
 
     # ------------------------------------------------------------ requests
 
@@ -329,10 +331,16 @@ class Engine:
         this round's logits (logprobs)."""
         if not self.config.pipeline:
             return False
-        remote = self.drafting is not None and not isinstance(self.drafting, LocalDrafter)
+        remote = self.drafting is not None and not self._drafts_in_round
         if remote and any(row.drafting or row.num_nodes for row in rows):
             return False  # its trees' roots are the host's bonus tokens: they must be current
         return not any(row.wants_logprobs for row in rows)
+
+    @property
+    def _drafts_in_round(self) -> bool:
+        """The drafter reads the round's state on the device (this process's drafter, or
+        one sharing the engine's tables): no host view of the last round needed."""
+        return isinstance(self.drafting, (LocalDrafter, DeviceDrafting))
 
     def _admit(self) -> _Admission | None:
         """Takes waiting requests into free rows (up to `max_prefill_tokens` prompt tokens,
@@ -521,8 +529,7 @@ class Engine:
         context = sum(len(row.request.prompt_ids) + row.request.max_tokens // 2
                       for row in rows) // max(len(rows), 1)
         context = min(context, self.plan.max_model_len // 2)
-        local = isinstance(self.drafting, LocalDrafter)
-        for choice in (0, *policy.choices) if local else (0,):
+        for choice in (0, *policy.choices) if self._drafts_in_round else (0,):
             key = BucketKey(batch, self.plan.node_bucket(choice))
             buffers = self._scratch_buffers(key)
             self._scratch_round(key, buffers, context)  # captures (once) and warms up
@@ -577,6 +584,8 @@ class Engine:
         if key.num_nodes and isinstance(drafting, LocalDrafter):
             self._replay(("draft", key.batch, key.num_nodes), buffers,
                          lambda: draft_into(self.state, drafting, buffers))
+        elif key.num_nodes and isinstance(drafting, DeviceDrafting) and drafting.draft(buffers):
+            pass  # the sharing drafter's half (its graph captured on these scratch rows)
         elif key.num_nodes:  # a remote drafter's tree: every node a child of the root
             buffers.parents.fill_(0)
             buffers.parents[:, 0] = -1
@@ -602,6 +611,12 @@ class Engine:
         if isinstance(drafting, LocalDrafter):
             self._replay(("draft", key.batch, key.num_nodes), buffers,
                          lambda: draft_into(self.state, drafting, buffers))
+            return
+        if isinstance(drafting, DeviceDrafting):
+            if not drafting.draft(buffers):  # the drafter failed: roots alone, rows in ar
+                buffers.set_root_only(self.state.column(buffers.rows, BONUS))
+                for row in rows:
+                    self._stop_drafting(row)
             return
         # A drafter outside the graphs (verifier_svc's RemoteDrafter) fills the trees itself.
         cast(Any, drafting).propose(self, rows, buffers, sent)

@@ -14,7 +14,10 @@ the round's verify is launched (`overlap_verify`: work that may run beside it).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import abc
+import copy
+import dataclasses
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -26,6 +29,9 @@ from ddtree.models.meta import AttentionMeta, device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
+
+if TYPE_CHECKING:
+    from ddtree.engine.round import RoundBuffers
 
 
 class Drafting(Protocol):
@@ -39,6 +45,36 @@ class Drafting(Protocol):
     def release(self, slot: int, request_id: str) -> None: ...
 
     def overlap_verify(self, engine: Any) -> None: ...
+
+
+class DeviceDrafting(abc.ABC):
+    """A drafter in another process that drafts over this engine's round state itself:
+    the engine's per-slot tables and round buffers are shared with it (CUDA IPC on one
+    GPU, shared memory on the CPU), so that a round's draft half reads the device state
+    like the in-process drafter's graph does and the engine pipelines its rounds the
+    same way (verifier_svc/shared_drafter.py)."""
+
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+
+    @abc.abstractmethod
+    def attach(self, engine: Any) -> None:
+        """Shares the engine's tables with the drafter (at the engine's construction)."""
+
+    @abc.abstractmethod
+    def start(self, slot: int, request_id: str, features: Tensor) -> None: ...
+
+    def release(self, slot: int, request_id: str) -> None:  # noqa: B027 (nothing to do)
+        """Nothing to free: the drafter's pool rows are the engine's slots."""
+
+    def overlap_verify(self, engine: Any) -> None:  # noqa: B027 (nothing to do)
+        """Nothing to do beside the verify."""
+
+    @abc.abstractmethod
+    def draft(self, buffers: RoundBuffers) -> bool:
+        """Enqueues the draft half of a round: trees for `buffers.rows` written into
+        `buffers` before the engine's stream goes on. False when the drafter failed this
+        round (the engine then verifies the roots alone and the rows stop drafting)."""
 
 
 class LocalDrafter:
@@ -59,6 +95,17 @@ class LocalDrafter:
         # A row's first context through CUDA graphs (the drafter service's --context-graphs,
         # on by default; the verifier's in-process drafter passes False).
         self.context = ContextGraphs(self, num_slots, context_graphs)
+
+    def sibling(self, num_slots: int, max_model_len: int,
+                context_graphs: bool) -> LocalDrafter:
+        """The same (fused) model over a context pool of its own: another engine's rows
+        (the drafter service's shared draft link, one per verifier). Its weights are not
+        fused again: graphs captured over them keep their addresses."""
+        twin = copy.copy(self)
+        twin.backend = dataclasses.replace(self.backend)
+        twin.pool = self.drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
+        twin.context = ContextGraphs(twin, num_slots, context_graphs)
+        return twin
 
     @property
     def depth(self) -> int:

@@ -74,6 +74,34 @@ class RoundBuffers:
                           for _ in range(2)]
         self._next_host = 0
 
+    @classmethod
+    def over(cls, rows: Tensor, tokens: Tensor, parents: Tensor, depth: Tensor,
+             valid: Tensor, width: int) -> RoundBuffers:
+        """Another process's buffers of one shape, opened here (the shared draft link: the
+        draft half reads `rows` and writes the tree; `out` stays the owner's)."""
+        buffers = cls.__new__(cls)
+        buffers.batch, buffers.num_nodes = tokens.shape[0], tokens.shape[1] - 1
+        buffers.width = width
+        buffers.rows, buffers.tokens, buffers.parents = rows, tokens, parents
+        buffers.depth, buffers.valid = depth, valid
+        buffers.last_slots = []
+        return buffers
+
+    def tree_tensors(self) -> dict[str, Tensor]:
+        """What the draft half reads and writes, by name (RoundBuffers.over's arguments)."""
+        return {"rows": self.rows, "tokens": self.tokens, "parents": self.parents,
+                "depth": self.depth, "valid": self.valid}
+
+    def set_root_only(self, bonus: Tensor) -> None:
+        """Every row's tree is its root alone (bonus: (B,) the roots' tokens): a draft half
+        that failed."""
+        self.tokens[:, 0] = bonus
+        self.parents.fill_(-1)
+        self.depth.fill_(1)
+        self.depth[:, 0] = 0
+        self.valid.fill_(False)
+        self.valid[:, 0] = True
+
     def next_host_out(self) -> Tensor:
         host = self._host_out[self._next_host]
         self._next_host ^= 1

@@ -58,6 +58,16 @@ class SlotState:
         self.pending = (torch.zeros(rows, block_size, feature_width, device=device, dtype=dtype)
                         if feature_width else None)
 
+    @classmethod
+    def over(cls, ints: Tensor, pending: Tensor | None) -> SlotState:
+        """The state of another process's engine, over its tables opened here (the shared
+        draft link: what the draft half reads)."""
+        state = cls.__new__(cls)
+        state.num_slots = ints.shape[0] - 1
+        state.ints, state.pending = ints, pending
+        state.floats = torch.zeros(ints.shape[0], 2, dtype=torch.float32, device=ints.device)
+        return state
+
     @property
     def scratch(self) -> int:
         return self.num_slots

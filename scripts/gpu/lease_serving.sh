@@ -323,14 +323,16 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   # --max-budget 16 --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead (the verifier) and
   # DDTREE_CONTEXT_GRAPHS (the drafter service), each point (160 HumanEval requests x 256
   # tokens, two client processes: one prompt set at every point) through it
-  # SOCK=0: the verifier speaks the Draft stream over gRPC, not the drafter's Unix socket
-  local ahead=$1 ctx=${3:-0} point mode budget c tag sock=${SOCK:-1}
-  tag=ahead${1}_ctx${ctx}_sock${sock}${RUN:+_$RUN}
-  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx socket=$sock"
+  # SOCK=0: the verifier speaks the Draft stream over gRPC, not the drafter's Unix socket;
+  # SHARED=0: no shared draft link (the Draft stream instead)
+  local ahead=$1 ctx=${3:-0} point mode budget c tag sock=${SOCK:-1} shared=${SHARED:-1}
+  tag=ahead${1}_ctx${ctx}_sock${sock}_shared${shared}${RUN:+_$RUN}
+  mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx socket=$sock shared=$shared"
   DDTREE_SEND_AHEAD=$ahead DDTREE_CONTEXT_GRAPHS=$ctx DDTREE_DRAFTER_SOCKET=$sock \
+    DDTREE_DRAFTER_SHARED=$shared \
     SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _$tag || return 3
   grep -h warmed_up "$OUT/serve_$tag.log" | cut -c1-200
-  grep -ho "transport=[a-z]*\|\"transport\": \"[a-z]*\"" "$OUT/serve_$tag.log" | sort | uniq -c
+  grep -ho "transport=[a-z]*\|\"transport\": \"[a-z]*\"\|drafter_link.*\|shared_draft_[a-z]*" "$OUT/serve_$tag.log" | cut -c1-160 | sort | uniq -c
   for point in $2; do
     IFS=: read -r mode budget c <<<"$point"
     mark "$mode@$budget c$c, 160 requests, $tag"
@@ -453,6 +455,76 @@ case "${1:?call number}" in
   mv "$OUT/report_ahead0_ctx0_tree_c1.json" "$OUT/report_ahead0_ctx0_tree_c1_first.json"
   serve_ahead 0 "tree:16:8 tree:16:1" 0
   serve_ahead 1 "tree:16:8 tree:16:1" 1
+  pack_all $1
+  mark done
+  ;;
+97)
+  # (after 0-3, carry .carry/g4) the shared draft link (the default: the drafter runs the
+  # draft half over the verifier's round state, CUDA IPC) against the Draft stream over
+  # the Unix socket, through `ddtree serve`: tree@16 and ar at c8 / c1 shared, then tree@16
+  # c8 / c1 over the socket stream; then tree@16 and ar in process (160 requests)
+  [ -f $T/config.json ] || stage_target
+  SHARED=1 serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  SHARED=0 serve_ahead 1 "tree:16:8 tree:16:1" 1
+  mark "in process, 160 requests"
+  NUM=160 BENCH_TIMEOUT=200 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-200
+  pack_all $1
+  mark done
+  ;;
+98)
+  # (warm after 97) the other order: the socket stream, then shared; tree@16 c8 / c1
+  [ -f $T/config.json ] || stage_target
+  SHARED=0 RUN=b serve_ahead 1 "tree:16:8 tree:16:1" 1
+  SHARED=1 RUN=b serve_ahead 1 "tree:16:8 tree:16:1" 1
+  pack_all $1
+  mark done
+  ;;
+99)
+  # (warm after 97) the shared link with the verifier and the drafter as clients of one
+  # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute
+  # mode is left as it is): their kernels then share the GPU instead of time-slicing two
+  # contexts; tree@16 c8 / c1 and ar c8 (the exactness check's reference)
+  [ -f $T/config.json ] || stage_target
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && mark "MPS daemon started"
+  SHARED=1 RUN=mps serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8" 1
+  echo quit | nvidia-cuda-mps-control; sleep 1
+  tail -5 $CUDA_MPS_LOG_DIRECTORY/control.log > "$OUT/mps_control.txt" 2>&1
+  pack_all $1
+  mark done
+  ;;
+100)
+  # (after 0-3, carry .carry/g4) the shared link when the drafter dies: `ddtree serve`
+  # (defaults), tree@16 c8 (160 requests) with the drafter SIGKILLed 3 s in; every
+  # request must complete (rows continue in ar), the server stays up, the link is
+  # attached again to the restarted drafter (tree@16 c1, 24 requests, drafts again);
+  # ar c8 last (the exactness check's reference)
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _kill || exit 3
+  timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+    --modes tree --budgets 16 --concurrency 8 --json-out "$OUT/report_kill_tree_c8.json" 2>&1 \
+    | grep humaneval &
+  bench=$!
+  sleep 3; kill -9 "$(cat $OUT/pids/drafter.pid)"; mark "drafter SIGKILLed"
+  wait $bench
+  sleep 8
+  mark "after the restart: tree@16 c1, 24 requests"
+  timeout 100 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 24 --num-requests 24 --max-tokens 256 --no-progress \
+    --modes tree --budgets 16 --concurrency 1 --json-out "$OUT/report_after_tree_c1.json" 2>&1 | grep humaneval
+  timeout 100 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+    --modes ar --concurrency 8 --json-out "$OUT/report_ar_c8.json" 2>&1 | grep humaneval
+  for point in "$OUT"/report_kill_tree_c8.json "$OUT"/report_after_tree_c1.json; do
+    echo "$(basename "$point"): $(python3 scripts/gpu/ar_mismatches.py "$point" "$OUT/report_ar_c8.json" | tail -1)"
+  done
+  grep -ho "shared_draft_[a-z]*\|drafter_lost\|drafter_connected\|drafter_fallback_ar\|step_failed\|supervis[a-z_]*\|restart[a-z_]*" "$OUT/serve_kill.log" | sort | uniq -c
+  curl -s -o /dev/null -w "health after: %{http_code}\n" http://127.0.0.1:8000/health
+  kill $S; wait $S 2>/dev/null
+  gzip -f "$OUT/serve_kill.log"
   pack_all $1
   mark done
   ;;

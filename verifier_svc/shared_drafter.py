@@ -1,0 +1,218 @@
+"""The verifier's side of the shared draft link (the drafter's: drafter_svc/shared_round.py):
+with the drafter service on this host and this GPU, the engine shares its round state
+with it - its per-slot tables, its round buffers and two CUDA events - and each round's
+draft half runs there over that state, as the in-process drafter's graph would here.
+
+A round then sends the drafter 9 bytes and reads 1 back: no features leave the device,
+no trees come through the host, and the engine pipelines its rounds as with the
+in-process drafter (the next round is launched before the host reads the last). On the
+device the order is kept by the events: the verifier records `ready` after the work
+the draft reads, the drafter's stream waits on it, runs the draft half and records
+`done`, which the verifier's stream waits on before the verify. Neither host waits for
+the GPU. Through the Draft stream a round's exchange was in series with the verify and
+both hosts' work (lease 29: ~1 ms of reply wait and ~2 ms of host work a c8 round).
+
+The drafter writes into this process's buffers: the link is for a drafter service the
+operator runs beside the verifier (same host, same user: the socket is 0600, the hello
+carries the instance id and the token), trusted as the in-process drafter is.
+
+Used when the drafter advertises a local socket and accepts the link (same GPU, CUDA
+IPC available; on the CPU, shared memory); otherwise the engine drafts over the Draft
+stream (`RemoteDrafter`). A link that breaks fails its round: the rows of that round
+continue in ar (the drafter's copy of their context is gone), and the link is attached
+again, to whatever drafter then answers, for the rows that come after.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import torch
+from torch import Tensor
+
+from ddtree import draft_socket, shared_tensors
+from ddtree.engine.drafting import DeviceDrafting
+from ddtree.engine.round import RoundBuffers
+from ddtree.shared_tensors import SharingError
+from ddtree.v1 import drafter_pb2
+from verifier_svc.drafter_client import DrafterClient
+
+if TYPE_CHECKING:
+    from ddtree.engine.core import Engine
+
+log = structlog.get_logger("verifier_svc.shared_drafter")
+
+# Rows of a new context's features staged for the drafter at once (longer prompts go
+# in several starts).
+FIRST_ROWS = 2048
+# A link that failed is attached again at most this often.
+REATTACH_INTERVAL_S = 2.0
+
+
+class LinkFailed(Exception):
+    """The link broke, timed out or the drafter refused a request."""
+
+
+class SharedDrafter(DeviceDrafting):
+    def __init__(self, client: DrafterClient, info: drafter_pb2.DrafterInfo,
+                 timeout_s: float, new_shape_timeout_s: float) -> None:
+        self.client = client
+        self.block_size = info.block_size
+        self.target_layer_ids = tuple(info.target_layer_ids)
+        self.timeout_s = timeout_s
+        self.new_shape_timeout_s = new_shape_timeout_s
+        self._engine: Engine | None = None
+        self._sock: socket.socket | None = None
+        self._instance = ""  # the drafter process the link is attached to
+        self._shared: set[tuple[int, int]] = set()  # buffer shapes the drafter opened
+        self._drafted: set[tuple[int, int]] = set()  # shapes it has drafted (captured)
+        self._failed = False  # since the last draft: the rows drafting then are lost
+        self._last_try = 0.0
+        self._first: Tensor | None = None
+        self._ready: torch.cuda.Event | None = None
+        self._done: torch.cuda.Event | None = None
+
+    @property
+    def linked(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def available(self) -> bool:
+        """Attached to a drafter (new rows draft only then); a link that failed is
+        attached again here, at most every REATTACH_INTERVAL_S."""
+        if self._sock is None and self._engine is not None and (
+                time.monotonic() - self._last_try >= REATTACH_INTERVAL_S):
+            self.attach(self._engine)
+        return self._sock is not None
+
+    def attach(self, engine: Any) -> None:
+        """Opens the link to the drafter the client is connected to and shares the
+        engine's tables; on failure the link stays closed (logged)."""
+        self._engine = engine
+        self._last_try = time.monotonic()
+        info = self.client.info
+        if info is None or not info.local_socket:
+            return
+        state = engine.state
+        device = engine.device
+        if self._first is None:
+            width = state.pending.shape[2]
+            self._first = torch.zeros(FIRST_ROWS, width, dtype=state.pending.dtype,
+                                      device=device)
+            self._ready = shared_tensors.new_event(device)
+            self._done = shared_tensors.new_event(device)
+        fds: list[int] = []
+        message = {
+            "op": "attach", "device_uuid": shared_tensors.device_uuid(device),
+            "num_slots": state.num_slots, "max_model_len": engine.max_model_len,
+            "block_size": self.block_size, "target_layer_ids": list(self.target_layer_ids),
+            "tensors": {"ints": shared_tensors.export(state.ints, fds),
+                        "pending": shared_tensors.export(state.pending, fds),
+                        "first": shared_tensors.export(self._first, fds)},
+            "events": {"ready": shared_tensors.export_event(self._ready),
+                       "done": shared_tensors.export_event(self._done)},
+        }
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.client.connect_timeout_s)
+            sock.connect(info.local_socket)
+            draft_socket.send_frame(sock, draft_socket.hello(
+                info.instance_id, self.client.token, draft_socket.SHARED_PREFIX))
+            answer = draft_socket.recv_frame(sock, time.monotonic() + self.client.connect_timeout_s)
+            if answer != draft_socket.HELLO_OK:
+                raise LinkFailed("hello refused")
+            self._sock = sock
+            self._request(message, fds, self.new_shape_timeout_s)
+        except (OSError, draft_socket.FrameError, LinkFailed, SharingError) as exc:
+            sock.close()
+            self._sock = None
+            log.info("shared_draft_unavailable", reason=str(exc))
+            return
+        self._instance = info.instance_id
+        self._shared.clear()
+        self._drafted.clear()
+        log.info("shared_draft_attached", socket=info.local_socket, num_slots=state.num_slots)
+
+    def start(self, slot: int, request_id: str, features: Tensor) -> None:
+        """features: (P, k*H) the new row's prompt features on the device, staged in the
+        shared rows and stored by the drafter as its first context."""
+        first = self._first
+        if self._sock is None or first is None:
+            self._failed = True
+            return
+        try:
+            for offset in range(0, features.shape[0], first.shape[0]):
+                part = features[offset: offset + first.shape[0]]
+                first[: part.shape[0]].copy_(part)
+                self._call({"op": "start", "slot": slot, "num_rows": part.shape[0],
+                            "offset": offset}, self.timeout_s)
+        except LinkFailed as exc:
+            self._lose(str(exc))
+
+    def draft(self, buffers: RoundBuffers) -> bool:
+        shape = (buffers.batch, buffers.num_nodes)
+        if self._failed:  # rows of the lost link may be in this round
+            self._failed = False
+            return False
+        if self._sock is None:
+            return False
+        try:
+            if shape not in self._shared:
+                fds: list[int] = []
+                tensors = {name: shared_tensors.export(t, fds)
+                           for name, t in buffers.tree_tensors().items()}
+                self._request({"op": "buffers", "batch": shape[0], "num_nodes": shape[1],
+                               "tensors": tensors}, fds, self.timeout_s)
+                self._shared.add(shape)
+            timeout = self.timeout_s if shape in self._drafted else self.new_shape_timeout_s
+            self._call(draft_socket.SHARED_DRAFT.pack(b"D", *shape), timeout)
+        except (LinkFailed, SharingError) as exc:
+            self._lose(str(exc))
+            self._failed = False
+            return False
+        self._drafted.add(shape)
+        return True
+
+    def _call(self, message: dict[str, Any] | bytes, timeout_s: float) -> None:
+        """Records `ready`, sends the request, waits for its answer and makes this
+        process's stream wait on `done` (the drafter's work)."""
+        if self._ready is not None:
+            self._ready.record()
+        self._request(message, [], timeout_s)
+        if self._done is not None:
+            torch.cuda.current_stream().wait_event(self._done)
+
+    def _request(self, message: dict[str, Any] | bytes, fds: list[int],
+                 timeout_s: float) -> None:
+        sock = self._sock
+        if sock is None:
+            raise LinkFailed("not attached")
+        if isinstance(message, dict):
+            message = json.dumps({**message, "num_fds": len(fds)}).encode()
+        try:
+            sock.settimeout(timeout_s)
+            draft_socket.send_frame(sock, message)
+            draft_socket.send_fds(sock, fds)
+            answer = draft_socket.recv_frame(sock, time.monotonic() + timeout_s)
+        except (OSError, draft_socket.FrameError) as exc:
+            raise LinkFailed(f"shared draft link: {exc}") from exc
+        if answer != draft_socket.SHARED_OK:
+            try:
+                error = json.loads(answer).get("error", "")
+            except (ValueError, AttributeError):
+                error = repr(answer[:80])
+            raise LinkFailed(f"the drafter refused: {error}")
+
+    def _lose(self, reason: str) -> None:
+        """The link is gone: the rows drafting now stop in their next round; the client
+        looks the drafter up again (it may have restarted)."""
+        log.warning("shared_draft_lost", reason=reason)
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        self._failed = True
+        self.client.reset(reason)
