@@ -497,7 +497,8 @@ case "${1:?call number}" in
   ;;
 100)
   # (after 0-3, carry .carry/g4) the shared link when the drafter dies: `ddtree serve`
-  # (defaults), tree@16 c8 (160 requests) with the drafter SIGKILLed 3 s in; every
+  # (defaults), tree@16 c$C (C=8; 160 requests) with the drafter SIGKILLed $KILL_AT s in
+  # (KILL_AT=3; the clients take a few seconds to start); every
   # request must complete (rows continue in ar), the server stays up, the link is
   # attached again to the restarted drafter (tree@16 c1, 24 requests, drafts again);
   # ar c8 last (the exactness check's reference)
@@ -505,10 +506,10 @@ case "${1:?call number}" in
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _kill || exit 3
   timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
     --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
-    --modes tree --budgets 16 --concurrency 8 --json-out "$OUT/report_kill_tree_c8.json" 2>&1 \
+    --modes tree --budgets 16 --concurrency "${C:-8}" --json-out "$OUT/report_kill_tree_c8.json" 2>&1 \
     | grep humaneval &
   bench=$!
-  sleep 3; kill -9 "$(cat $OUT/pids/drafter.pid)"; mark "drafter SIGKILLed"
+  sleep "${KILL_AT:-3}"; kill -9 "$(cat $OUT/pids/drafter.pid)"; mark "drafter SIGKILLed"
   wait $bench
   sleep 8
   mark "after the restart: tree@16 c1, 24 requests"

@@ -68,6 +68,11 @@ def test_compose_settings_come_from_the_environment() -> None:
     for name in ("drafter", "verifier"):
         assert f"drafter-socket:{socket_dir}" in services[name]["volumes"], name
     assert services["verifier"]["environment"]["DDTREE_DRAFTER_SOCKET"] == "1"
+    # the shared draft link: on by default on both sides, one IPC namespace (CUDA IPC)
+    assert services["verifier"]["environment"]["DDTREE_DRAFTER_SHARED"] == "1"
+    assert services["drafter"]["environment"]["DDTREE_SHARED_DRAFT"] == "1"
+    assert services["drafter"]["ipc"] == "shareable"
+    assert services["verifier"]["ipc"] == "service:drafter"
 
 
 def test_only_the_gateway_is_published_and_on_loopback_by_default() -> None:

@@ -34,10 +34,11 @@ TOKEN = "socket-secret-token"
 
 
 def drafter_config(tiny_pair: Path, **overrides: object) -> DrafterServiceConfig:
+    settings: dict[str, object] = {"host": "127.0.0.1", "port": 0, "device": "cpu",
+                                   "dtype": "float32", "max_budget": MAX_BUDGET, **overrides}
     return DrafterServiceConfig(drafter=str(tiny_pair / "drafter"),
-                                target=str(tiny_pair / "target"), host="127.0.0.1", port=0,
-                                device="cpu", dtype="float32", max_budget=MAX_BUDGET,
-                                **overrides)  # type: ignore[arg-type]
+                                target=str(tiny_pair / "target"),
+                                **settings)  # type: ignore[arg-type]
 
 
 @pytest.fixture()

@@ -143,6 +143,19 @@ def test_the_draft_stream_takes_the_drafters_socket_unless_turned_off() -> None:
     assert verifier_config(base, {"DDTREE_DRAFTER_SOCKET": "0"}).drafter_socket is False
 
 
+def test_the_shared_draft_link_is_on_unless_turned_off_on_either_side() -> None:
+    drafter = ["--drafter", "d", "--target", "t"]
+    assert drafter_config(drafter, {}).shared_draft is True
+    assert drafter_config(drafter + ["--no-shared-draft"], {}).shared_draft is False
+    assert drafter_config(drafter, {"DDTREE_SHARED_DRAFT": "0"}).shared_draft is False
+    base = ["--target", "t", "--drafter-addr", "h:1"]
+    assert verifier_config(base, {}).drafter_shared is True
+    assert verifier_config(base + ["--no-drafter-shared"], {}).drafter_shared is False
+    assert verifier_config(base, {"DDTREE_DRAFTER_SHARED": "0"}).drafter_shared is False
+    assert verifier_config(base + ["--drafter-shared"],
+                           {"DDTREE_DRAFTER_SHARED": "0"}).drafter_shared is True
+
+
 def test_the_gil_switch_interval_comes_from_the_environment() -> None:
     import sys
 
