@@ -19,6 +19,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -279,6 +280,8 @@ class DrafterClient:
         self._info: drafter_pb2.DrafterInfo | None = None
         self._closed = threading.Event()
         self._reconnecting = False
+        # Called (on the reconnecting thread) with the drafter's info once connected.
+        self._on_connect: list[Callable[[drafter_pb2.DrafterInfo], None]] = []
 
     @property
     def info(self) -> drafter_pb2.DrafterInfo | None:
@@ -338,6 +341,17 @@ class DrafterClient:
             block_size=info.block_size,
             transport=stream.transport,
         )
+        for listener in list(self._on_connect):
+            listener(info)
+
+    def add_connect_listener(self, listener: Callable[[drafter_pb2.DrafterInfo], None]) -> None:
+        """`listener(info)` after every (re)connect, on the reconnecting thread."""
+        self._on_connect.append(listener)
+
+    def remove_connect_listener(self, listener: Callable[[drafter_pb2.DrafterInfo], None]
+                                ) -> None:
+        if listener in self._on_connect:
+            self._on_connect.remove(listener)
 
     def _open_stream(self, info: drafter_pb2.DrafterInfo) -> _Stream:
         """The drafter's Unix socket where it has one this process can open, else the

@@ -133,6 +133,7 @@ def _remote_engine(config: VerifierServiceConfig, target: TargetModel,
                            config.draft_new_shape_timeout_s)
     engine = Engine(target, shared, config.engine_config())  # attaches the link
     if not shared.linked:  # another GPU or host, or no CUDA IPC: the Draft stream
+        shared.close()
         engine.drafting = remote
     return engine
 

@@ -22,6 +22,7 @@ from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
 from verifier_svc.generate_many import ManyStream
 from verifier_svc.scheduler import Scheduler
+from verifier_svc.shared_drafter import SharedDrafter
 from verifier_svc.status import streaming, unary
 
 log = structlog.get_logger("verifier_svc")
@@ -129,8 +130,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         info = verifier_pb2.ModelInfo()
         info.CopyFrom(self.model_info)
         drafter = self.drafter.info if self.drafter is not None else None
-        local = self.scheduler.engine.drafting if self.config.local_drafter else None
+        drafting = self.scheduler.engine.drafting
+        local = drafting if self.config.local_drafter else None
         info.drafter_connected = drafter is not None or local is not None
+        if isinstance(drafting, SharedDrafter):  # new rows draft once the link is attached
+            info.drafter_connected = drafting.linked
         info.block_size = (drafter.block_size if drafter is not None
                            else local.block_size if local is not None else 0)
         return info

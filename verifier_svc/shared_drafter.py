@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -40,6 +42,7 @@ from ddtree.engine.round import RoundBuffers
 from ddtree.shared_tensors import SharingError
 from ddtree.v1 import drafter_pb2
 from verifier_svc.drafter_client import DrafterClient
+from verifier_svc.remote_drafter import DEADLINE_FACTOR, EMA_WEIGHT, MIN_DEADLINE_S
 
 if TYPE_CHECKING:
     from ddtree.engine.core import Engine
@@ -51,6 +54,9 @@ log = structlog.get_logger("verifier_svc.shared_drafter")
 FIRST_ROWS = 2048
 # A link that failed is attached again at most this often.
 REATTACH_INTERVAL_S = 2.0
+# A new row's start may take this long at least (on the CPU the drafter stores the
+# context before it answers).
+MIN_START_S = 2.0
 
 
 class LinkFailed(Exception):
@@ -65,13 +71,18 @@ class SharedDrafter(DeviceDrafting):
         self.target_layer_ids = tuple(info.target_layer_ids)
         self.timeout_s = timeout_s
         self.new_shape_timeout_s = new_shape_timeout_s
-        self._engine: Engine | None = None
+        self._engine: weakref.ref[Engine] | None = None  # no cycle: a dropped engine
+        # frees this link (its socket closes and the drafter frees the link's pool)
         self._sock: socket.socket | None = None
         self._instance = ""  # the drafter process the link is attached to
         self._shared: set[tuple[int, int]] = set()  # buffer shapes the drafter opened
         self._drafted: set[tuple[int, int]] = set()  # shapes it has drafted (captured)
         self._failed = False  # since the last draft: the rows drafting then are lost
         self._last_try = 0.0
+        self._attaching = False  # an attach runs in the background
+        self._lock = threading.Lock()
+        client.add_connect_listener(self._attach_later)  # a drafter back: attach again
+        self._round_trip_s: float | None = None  # moving average of a draft's answer
         self._first: Tensor | None = None
         self._ready: torch.cuda.Event | None = None
         self._done: torch.cuda.Event | None = None
@@ -82,29 +93,44 @@ class SharedDrafter(DeviceDrafting):
 
     @property
     def available(self) -> bool:
-        """Attached to a drafter (new rows draft only then); a link that failed is
-        attached again here, at most every REATTACH_INTERVAL_S."""
-        if self._sock is None and self._engine is not None and (
-                time.monotonic() - self._last_try >= REATTACH_INTERVAL_S):
-            self.attach(self._engine)
+        """Attached to a drafter (new rows draft only then). A link that failed is
+        attached again in the background (the engine thread never waits for it): when
+        the client connects to a drafter again, or from here at most every
+        REATTACH_INTERVAL_S while the client sees one."""
+        if self._sock is None and time.monotonic() - self._last_try >= REATTACH_INTERVAL_S:
+            self._attach_later()
         return self._sock is not None
+
+    def _attach_later(self, info: drafter_pb2.DrafterInfo | None = None) -> None:
+        engine = self._engine() if self._engine is not None else None
+        with self._lock:
+            if (self._sock is not None or engine is None or self._attaching
+                    or self.client.info is None):
+                return
+            self._attaching = True
+            self._last_try = time.monotonic()
+        threading.Thread(target=self._attach_in_background, args=(engine,),
+                         name="shared-draft-attach", daemon=True).start()
 
     def attach(self, engine: Any) -> None:
         """Opens the link to the drafter the client is connected to and shares the
-        engine's tables; on failure the link stays closed (logged)."""
-        self._engine = engine
+        engine's tables (at the engine's construction); on failure the link stays closed
+        (logged) and `available` tries again later."""
+        self._engine = weakref.ref(engine)
         self._last_try = time.monotonic()
-        info = self.client.info
-        if info is None or not info.local_socket:
-            return
-        state = engine.state
-        device = engine.device
+        state, device = engine.state, engine.device
         if self._first is None:
             width = state.pending.shape[2]
             self._first = torch.zeros(FIRST_ROWS, width, dtype=state.pending.dtype,
                                       device=device)
             self._ready = shared_tensors.new_event(device)
             self._done = shared_tensors.new_event(device)
+        message, fds = self._attach_message(engine)  # on the CPU: the tables now shared
+        self._connect(message, fds)
+
+    def _attach_message(self, engine: Any) -> tuple[dict[str, Any], list[int]]:
+        state, device = engine.state, engine.device
+        assert self._first is not None
         fds: list[int] = []
         message = {
             "op": "attach", "device_uuid": shared_tensors.device_uuid(device),
@@ -116,26 +142,49 @@ class SharedDrafter(DeviceDrafting):
             "events": {"ready": shared_tensors.export_event(self._ready),
                        "done": shared_tensors.export_event(self._done)},
         }
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        return message, fds
+
+    def _attach_in_background(self, engine: Any) -> None:
         try:
-            sock.settimeout(self.client.connect_timeout_s)
+            self._connect(*self._attach_message(engine))
+        finally:
+            with self._lock:
+                self._attaching = False
+
+    def _connect(self, message: dict[str, Any], fds: list[int]) -> None:
+        info = self.client.info
+        if info is None or not info.local_socket:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        timeout = self.client.connect_timeout_s
+        try:
+            sock.settimeout(timeout)
             sock.connect(info.local_socket)
             draft_socket.send_frame(sock, draft_socket.hello(
                 info.instance_id, self.client.token, draft_socket.SHARED_PREFIX))
-            answer = draft_socket.recv_frame(sock, time.monotonic() + self.client.connect_timeout_s)
-            if answer != draft_socket.HELLO_OK:
+            if draft_socket.recv_frame(sock, time.monotonic() + timeout) != draft_socket.HELLO_OK:
                 raise LinkFailed("hello refused")
-            self._sock = sock
-            self._request(message, fds, self.new_shape_timeout_s)
+            # the drafter captures its first contexts' graphs before answering
+            _exchange(sock, message, fds, self.new_shape_timeout_s)
         except (OSError, draft_socket.FrameError, LinkFailed, SharingError) as exc:
             sock.close()
-            self._sock = None
             log.info("shared_draft_unavailable", reason=str(exc))
             return
         self._instance = info.instance_id
         self._shared.clear()
         self._drafted.clear()
-        log.info("shared_draft_attached", socket=info.local_socket, num_slots=state.num_slots)
+        self._sock = sock  # last: the engine thread takes the link from here on
+        log.info("shared_draft_attached", socket=info.local_socket,
+                 num_slots=message["num_slots"])
+
+    def _deadline_s(self, shape: tuple[int, int] | None) -> float:
+        """How long an answer may take: a shape the drafter has not drafted yet captures
+        its graph first (new_shape_timeout_s); otherwise a multiple of the recent
+        answers (the drafter answers once it has enqueued its work on a GPU), within
+        bounds, so that a drafter that hangs costs one short wait."""
+        if (shape is not None and shape not in self._drafted) or self._round_trip_s is None:
+            return self.new_shape_timeout_s
+        return min(self.timeout_s, max(MIN_DEADLINE_S, DEADLINE_FACTOR * self._round_trip_s))
 
     def start(self, slot: int, request_id: str, features: Tensor) -> None:
         """features: (P, k*H) the new row's prompt features on the device, staged in the
@@ -149,7 +198,7 @@ class SharedDrafter(DeviceDrafting):
                 part = features[offset: offset + first.shape[0]]
                 first[: part.shape[0]].copy_(part)
                 self._call({"op": "start", "slot": slot, "num_rows": part.shape[0],
-                            "offset": offset}, self.timeout_s)
+                            "offset": offset}, max(MIN_START_S, self._deadline_s(None)))
         except LinkFailed as exc:
             self._lose(str(exc))
 
@@ -168,8 +217,12 @@ class SharedDrafter(DeviceDrafting):
                 self._request({"op": "buffers", "batch": shape[0], "num_nodes": shape[1],
                                "tensors": tensors}, fds, self.timeout_s)
                 self._shared.add(shape)
-            timeout = self.timeout_s if shape in self._drafted else self.new_shape_timeout_s
-            self._call(draft_socket.SHARED_DRAFT.pack(b"D", *shape), timeout)
+            started = time.perf_counter()
+            self._call(draft_socket.SHARED_DRAFT.pack(b"D", *shape), self._deadline_s(shape))
+            if shape in self._drafted:  # a shape's first answer includes its capture
+                elapsed = time.perf_counter() - started
+                self._round_trip_s = elapsed if self._round_trip_s is None else (
+                    (1 - EMA_WEIGHT) * self._round_trip_s + EMA_WEIGHT * elapsed)
         except (LinkFailed, SharingError) as exc:
             self._lose(str(exc))
             self._failed = False
@@ -191,21 +244,15 @@ class SharedDrafter(DeviceDrafting):
         sock = self._sock
         if sock is None:
             raise LinkFailed("not attached")
-        if isinstance(message, dict):
-            message = json.dumps({**message, "num_fds": len(fds)}).encode()
-        try:
-            sock.settimeout(timeout_s)
-            draft_socket.send_frame(sock, message)
-            draft_socket.send_fds(sock, fds)
-            answer = draft_socket.recv_frame(sock, time.monotonic() + timeout_s)
-        except (OSError, draft_socket.FrameError) as exc:
-            raise LinkFailed(f"shared draft link: {exc}") from exc
-        if answer != draft_socket.SHARED_OK:
-            try:
-                error = json.loads(answer).get("error", "")
-            except (ValueError, AttributeError):
-                error = repr(answer[:80])
-            raise LinkFailed(f"the drafter refused: {error}")
+        _exchange(sock, message, fds, timeout_s)
+
+    def close(self) -> None:
+        """Ends the link for good (the drafter frees its pool for it)."""
+        self._engine = None  # nothing to attach again
+        self.client.remove_connect_listener(self._attach_later)
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
 
     def _lose(self, reason: str) -> None:
         """The link is gone: the rows drafting now stop in their next round; the client
@@ -216,3 +263,24 @@ class SharedDrafter(DeviceDrafting):
         self._sock = None
         self._failed = True
         self.client.reset(reason)
+
+
+def _exchange(sock: socket.socket, message: dict[str, Any] | bytes, fds: list[int],
+              timeout_s: float) -> None:
+    """Sends a request (a JSON object, with `fds` after it, or a draft frame) and reads
+    its answer; LinkFailed when the link broke, timed out or the drafter refused."""
+    if isinstance(message, dict):
+        message = json.dumps({**message, "num_fds": len(fds)}).encode()
+    try:
+        sock.settimeout(timeout_s)
+        draft_socket.send_frame(sock, message)
+        draft_socket.send_fds(sock, fds)
+        answer = draft_socket.recv_frame(sock, time.monotonic() + timeout_s)
+    except (OSError, draft_socket.FrameError) as exc:
+        raise LinkFailed(f"shared draft link: {exc}") from exc
+    if answer != draft_socket.SHARED_OK:
+        try:
+            error = json.loads(answer).get("error", "")
+        except (ValueError, AttributeError):
+            error = repr(answer[:80])
+        raise LinkFailed(f"the drafter refused: {error}")

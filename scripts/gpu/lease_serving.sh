@@ -480,6 +480,15 @@ case "${1:?call number}" in
   pack_all $1
   mark done
   ;;
+101)
+  # (after 0-3, carry .carry/g4) the shared link as committed last (its deadline follows
+  # the measured answers, it attaches again in the background): tree@16 c8 / c1 and ar c8
+  # (the exactness check's reference) through `ddtree serve`
+  [ -f $T/config.json ] || stage_target
+  SHARED=1 RUN=final serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8" 1
+  pack_all $1
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute

@@ -85,11 +85,12 @@ def test_a_drafter_that_goes_away_leaves_its_rows_in_ar_and_the_link_attaches_ag
         assert not shared.linked
         for i, request in enumerate(reqs):  # finished in ar, still the greedy tokens
             assert tokens[f"r{i}"] == greedy_tokens(fp32_target, request.prompt_ids, 30)
+        first = shared._instance
         server, _ = build_server(drafter_config(tiny_pair, port=port))  # back, anew
-        assert wait_for(lambda: client.info is not None
-                        and client.info.instance_id != shared._instance)
+        # attached again in the background, to the new drafter
+        assert wait_for(lambda: shared.available and shared._instance != first)
         served = serve(engine, requests(fp32_target, False))
-        assert shared.linked and served[1] > 0  # attached again, and drafting
+        assert served[1] > 0  # and drafting
         for i, request in enumerate(requests(fp32_target, False)):
             assert served[0][f"r{i}"] == greedy_tokens(
                 fp32_target, request.prompt_ids, request.max_tokens)
