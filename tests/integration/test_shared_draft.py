@@ -32,15 +32,26 @@ from verifier_svc.shared_drafter import SharedDrafter
 CONFIG = EngineConfig(max_num_seqs=6, max_queue=8, max_budget=MAX_BUDGET)
 
 
+def linked_engine(target: TargetModel, client: DrafterClient) -> tuple[Engine, SharedDrafter]:
+    """An engine whose drafting is the shared link to the client's drafter (attached)."""
+    assert client.info is not None
+    shared = SharedDrafter(client, client.info, 20.0, 20.0)
+    engine = Engine(target, shared, CONFIG)
+    assert shared.linked
+    return engine, shared
+
+
+def assert_greedy(target: TargetModel, tokens: dict[str, list[int]]) -> None:
+    for i, request in enumerate(requests(target, False)):
+        assert tokens[f"r{i}"] == greedy_tokens(target, request.prompt_ids, request.max_tokens)
+
+
 @pytest.mark.parametrize("sampled", [False, True])
 def test_the_shared_link_serves_what_the_in_process_drafter_serves(
         tiny_pair: Path, fp32_target: TargetModel, drafter_port: int, sampled: bool) -> None:
     client = client_of(drafter_port, fp32_target)
     try:
-        assert client.info is not None
-        shared = SharedDrafter(client, client.info, 20.0, 20.0)
-        engine = Engine(fp32_target, shared, CONFIG)
-        assert shared.linked
+        engine, _ = linked_engine(fp32_target, client)
         served = serve(engine, requests(fp32_target, sampled))
     finally:
         client.close()
@@ -51,9 +62,7 @@ def test_the_shared_link_serves_what_the_in_process_drafter_serves(
     assert serve(local, requests(fp32_target, sampled)) == served
     assert served[1] > 0
     if not sampled:
-        for i, request in enumerate(requests(fp32_target, False)):
-            assert served[0][f"r{i}"] == greedy_tokens(
-                fp32_target, request.prompt_ids, request.max_tokens)
+        assert_greedy(fp32_target, served[0])
 
 
 def test_a_drafter_that_goes_away_leaves_its_rows_in_ar_and_the_link_attaches_again(
@@ -62,10 +71,7 @@ def test_a_drafter_that_goes_away_leaves_its_rows_in_ar_and_the_link_attaches_ag
     server, port = build_server(drafter_config(tiny_pair))
     client = client_of(port, fp32_target)
     try:
-        assert client.info is not None
-        shared = SharedDrafter(client, client.info, 20.0, 20.0)
-        engine = Engine(fp32_target, shared, CONFIG)
-        assert shared.linked
+        engine, shared = linked_engine(fp32_target, client)
         reqs = [GenerationRequest(make_prompt(fp32_target, 5 + i, 60 + i), 30,
                                   spec=SpecParams("tree", 8), ignore_eos=True)
                 for i in range(3)]
@@ -91,9 +97,7 @@ def test_a_drafter_that_goes_away_leaves_its_rows_in_ar_and_the_link_attaches_ag
         assert wait_for(lambda: shared.available and shared._instance != first)
         served = serve(engine, requests(fp32_target, False))
         assert served[1] > 0  # and drafting
-        for i, request in enumerate(requests(fp32_target, False)):
-            assert served[0][f"r{i}"] == greedy_tokens(
-                fp32_target, request.prompt_ids, request.max_tokens)
+        assert_greedy(fp32_target, served[0])
     finally:
         client.close()
         server.stop(None)
@@ -138,9 +142,7 @@ def test_the_drafter_refuses_a_link_it_cannot_serve_and_serves_the_next(
             with pytest.raises(draft_socket.FrameError):  # the drafter ended that link
                 draft_socket.recv_frame(raw, time.monotonic() + 5.0)
             raw.close()
-        shared = SharedDrafter(client, client.info, 20.0, 20.0)  # and serves a proper one
-        Engine(fp32_target, shared, CONFIG)
-        assert shared.linked
+        linked_engine(fp32_target, client)  # and serves a proper one
     finally:
         client.close()
 
