@@ -78,18 +78,17 @@ class SharedRoundLink:
         self.graphs = GraphRunner(self.device, True)
 
     def serve(self, peer: str) -> None:
-        while True:
+        failed = False
+        while not failed:
             frame = draft_socket.recv_frame(self.conn, None, self.stopping)
             try:
                 self._handle(frame)
                 answer = OK
             except (SharingError, ValueError, KeyError, TypeError, RuntimeError) as exc:
                 log.warning("shared_draft_failed", peer=peer, error=str(exc))
-                answer = json.dumps({"error": str(exc)}).encode()
+                answer, failed = json.dumps({"error": str(exc)}).encode(), True
             self.conn.settimeout(SEND_TIMEOUT_S)
             draft_socket.send_frame(self.conn, answer)
-            if answer is not OK:
-                return
 
     def _handle(self, frame: bytes) -> None:
         if frame[:1] == b"D":

@@ -77,7 +77,10 @@ class SharedDrafter(DeviceDrafting):
         self._instance = ""  # the drafter process the link is attached to
         self._shared: set[tuple[int, int]] = set()  # buffer shapes the drafter opened
         self._drafted: set[tuple[int, int]] = set()  # shapes it has drafted (captured)
-        self._failed = False  # since the last draft: the rows drafting then are lost
+        # Attaches so far; the one each slot's context was stored under (a row whose
+        # context an earlier link holds is unknown to this one).
+        self._generation = 0
+        self._row_generation: dict[int, int] = {}
         self._last_try = 0.0
         self._attaching = False  # an attach runs in the background
         self._lock = threading.Lock()
@@ -173,6 +176,7 @@ class SharedDrafter(DeviceDrafting):
         self._instance = info.instance_id
         self._shared.clear()
         self._drafted.clear()
+        self._generation += 1
         self._sock = sock  # last: the engine thread takes the link from here on
         log.info("shared_draft_attached", socket=info.local_socket,
                  num_slots=message["num_slots"])
@@ -190,9 +194,9 @@ class SharedDrafter(DeviceDrafting):
         """features: (P, k*H) the new row's prompt features on the device, staged in the
         shared rows and stored by the drafter as its first context."""
         first = self._first
+        self._row_generation.pop(slot, None)
         if self._sock is None or first is None:
-            self._failed = True
-            return
+            return  # the row stops drafting before its first round (`unknown`)
         try:
             for offset in range(0, features.shape[0], first.shape[0]):
                 part = features[offset: offset + first.shape[0]]
@@ -201,12 +205,16 @@ class SharedDrafter(DeviceDrafting):
                             "offset": offset}, max(MIN_START_S, self._deadline_s(None)))
         except LinkFailed as exc:
             self._lose(str(exc))
+            return
+        self._row_generation[slot] = self._generation
+
+    def unknown(self, slots: list[int]) -> list[int]:
+        """The slots whose context this link's drafter does not hold (stored under a link
+        that broke since, or never stored)."""
+        return [slot for slot in slots if self._row_generation.get(slot) != self._generation]
 
     def draft(self, buffers: RoundBuffers) -> bool:
         shape = (buffers.batch, buffers.num_nodes)
-        if self._failed:  # rows of the lost link may be in this round
-            self._failed = False
-            return False
         if self._sock is None:
             return False
         try:
@@ -224,8 +232,7 @@ class SharedDrafter(DeviceDrafting):
                 self._round_trip_s = elapsed if self._round_trip_s is None else (
                     (1 - EMA_WEIGHT) * self._round_trip_s + EMA_WEIGHT * elapsed)
         except (LinkFailed, SharingError) as exc:
-            self._lose(str(exc))
-            self._failed = False
+            self._lose(str(exc))  # the round's rows stop drafting (and are unknown anyway)
             return False
         self._drafted.add(shape)
         return True
@@ -261,7 +268,6 @@ class SharedDrafter(DeviceDrafting):
         if self._sock is not None:
             self._sock.close()
         self._sock = None
-        self._failed = True
         self.client.reset(reason)
 
 

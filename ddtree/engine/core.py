@@ -613,6 +613,10 @@ class Engine:
                          lambda: draft_into(self.state, drafting, buffers))
             return
         if isinstance(drafting, DeviceDrafting):
+            unknown = set(drafting.unknown([row.slot for row in rows if row.drafting]))
+            for row in rows:  # their budget 0 before the draft reads it: roots alone
+                if row.slot in unknown:
+                    self._stop_drafting(row)
             if not drafting.draft(buffers):  # the drafter failed: roots alone, rows in ar
                 buffers.set_root_only(self.state.column(buffers.rows, BONUS))
                 for row in rows:

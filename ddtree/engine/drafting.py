@@ -71,6 +71,11 @@ class DeviceDrafting(abc.ABC):
         """Nothing to do beside the verify."""
 
     @abc.abstractmethod
+    def unknown(self, slots: list[int]) -> list[int]:
+        """The slots whose drafter context the drafter does not hold now (it restarted
+        since their start): they stop drafting before the round."""
+
+    @abc.abstractmethod
     def draft(self, buffers: RoundBuffers) -> bool:
         """Enqueues the draft half of a round: trees for `buffers.rows` written into
         `buffers` before the engine's stream goes on. False when the drafter failed this
