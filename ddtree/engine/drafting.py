@@ -4,8 +4,11 @@
   indexed by the engine's own slots, one batched forward for every row of a round; its
   work is pure device code, captured in the round's CUDA graph. `ddtree generate`, the
   in-process bench and drafter_svc all run it.
-- `verifier_svc.drafter_client.RemoteDrafter`: the same step over the gRPC Draft stream
-  (the drafter service runs a `LocalDrafter` on its side).
+- `verifier_svc.remote_drafter.RemoteDrafter`: the same step over the Draft stream (the
+  drafter service runs a `LocalDrafter` on its side).
+- `DeviceDrafting` (here), implemented by `verifier_svc.shared_drafter.SharedDrafter`: the
+  drafter service runs the draft half over this engine's own round state, shared with it
+  (CUDA IPC on one GPU), so that the round reads the device state as in process.
 
 The engine asks a drafter for: `start` (a row's prompt features once, after its prefill),
 `release` (the row ended), per round draft trees for a batch of rows, and tells it when
