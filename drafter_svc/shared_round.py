@@ -84,7 +84,8 @@ class SharedRoundLink:
             try:
                 self._handle(frame)
                 answer = OK
-            except (SharingError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            except (SharingError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+                    RuntimeError) as exc:  # a malformed request ends only this link
                 log.warning("shared_draft_failed", peer=peer, error=str(exc))
                 answer, failed = json.dumps({"error": str(exc)}).encode(), True
             self.conn.settimeout(SEND_TIMEOUT_S)

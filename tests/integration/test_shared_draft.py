@@ -134,6 +134,10 @@ def test_the_drafter_refuses_a_link_it_cannot_serve_and_serves_the_next(
             "a draft before attaching": draft_socket.SHARED_DRAFT.pack(b"D", 1, 4),
             "not JSON": b"{not json",
             "an unknown op": json.dumps({"op": "dance"}).encode(),
+            "a tensor without its descriptor": json.dumps({
+                **attach, "device_uuid": "cpu", "tensors": {"ints": {
+                    "kind": "cpu", "shape": [3, 9], "stride": [9, 1], "offset": 0,
+                    "dtype": "torch.int64", "fd_index": 0, "storage_size": 216}}}).encode(),
         }
         for name, frame in cases.items():
             raw = _raw_link(client)
