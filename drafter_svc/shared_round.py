@@ -74,6 +74,7 @@ class SharedRoundLink:
         self.first: torch.Tensor | None = None
         self.ready: torch.cuda.Event | None = None
         self.done: torch.cuda.Event | None = None
+        self.stream: torch.cuda.Stream | None = None  # with the events: where work goes
         self.buffers: dict[tuple[int, int], RoundBuffers] = {}
         self.graphs = GraphRunner(self.device, True)
 
@@ -138,6 +139,8 @@ class SharedRoundLink:
             raise ValueError("the shared tables' shapes do not fit")
         self.ready = shared_tensors.open_event(message["events"]["ready"], self.device)
         self.done = shared_tensors.open_event(message["events"]["done"], self.device)
+        if self.done is not None:  # this connection's thread's stream, for every request
+            self.stream = torch.cuda.current_stream(self.device)
         with self.lock:
             local = template.sibling(num_slots, max_len, self.context_graphs)
             local.context.warm_up()
@@ -167,15 +170,7 @@ class SharedRoundLink:
             raise ValueError("start out of range")
         with self.lock, torch.inference_mode():
             self._wait_ready()
-            if offset == 0:
-                local.start(slot, "", first[:num_rows])
-            else:  # a long prompt's later rows
-                features = first[None, :num_rows].to(local.drafter.fc.weight.dtype)
-                fused = local.drafter.fuse(features)
-                device = fused.device
-                local.drafter.append_context(
-                    local.pool, torch.tensor([slot], device=device),
-                    torch.tensor([offset], device=device), fused, local.backend)
+            local.start(slot, "", first[:num_rows], offset)
             self._record_done()
 
     def _draft(self, batch: int, num_nodes: int) -> None:
@@ -198,12 +193,12 @@ class SharedRoundLink:
             self._record_done()
 
     def _wait_ready(self) -> None:
-        if self.ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.ready)
+        if self.ready is not None and self.stream is not None:
+            self.stream.wait_event(self.ready)
 
     def _record_done(self) -> None:
-        if self.done is not None:
-            self.done.record(torch.cuda.current_stream(self.device))
+        if self.done is not None and self.stream is not None:
+            self.done.record(self.stream)
 
 
 def serve_shared(conn: socket.socket, peer: str, link: SharedRoundLink) -> None:

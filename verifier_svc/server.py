@@ -124,17 +124,15 @@ def _remote_engine(config: VerifierServiceConfig, target: TargetModel,
         if drafter is not None:
             log.error("drafter_unreachable_serving_ar", drafter_addr=config.drafter_addr)
         return Engine(target, None, config.engine_config())
-    remote = RemoteDrafter(drafter, info, config.draft_timeout_s,
-                           config.draft_new_shape_timeout_s)
+    timeouts = (config.draft_timeout_s, config.draft_new_shape_timeout_s)
     if not (config.drafter_shared and config.drafter_socket and info.local_socket
             and config.tensor_parallel_size == 1):
-        return Engine(target, remote, config.engine_config())
-    shared = SharedDrafter(drafter, info, config.draft_timeout_s,
-                           config.draft_new_shape_timeout_s)
+        return Engine(target, RemoteDrafter(drafter, info, *timeouts), config.engine_config())
+    shared = SharedDrafter(drafter, info, *timeouts)
     engine = Engine(target, shared, config.engine_config())  # attaches the link
     if not shared.linked:  # another GPU or host, or no CUDA IPC: the Draft stream
         shared.close()
-        engine.drafting = remote
+        engine.drafting = RemoteDrafter(drafter, info, *timeouts)
     return engine
 
 

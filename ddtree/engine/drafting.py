@@ -121,16 +121,16 @@ class LocalDrafter:
         return self.block_size - 1
 
     @torch.inference_mode()
-    def start(self, slot: int, request_id: str, features: Tensor) -> None:
-        """features: (P, k*H) of the P prompt rows: the row's first context (positions 0..),
-        through `ContextGraphs` when they are on and P fits a bucket, else eagerly."""
-        if self.context.run(slot, features):
+    def start(self, slot: int, request_id: str, features: Tensor, offset: int = 0) -> None:
+        """features: (P, k*H) of the P prompt rows: the row's first context at positions
+        offset.. (a long prompt may come in parts), through `ContextGraphs` when they are
+        on, the part starts the context and P fits a bucket, else eagerly."""
+        if offset == 0 and self.context.run(slot, features):
             return
         fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
         device = fused.device
         self.drafter.append_context(self.pool, device_ints([slot], device),
-                                    torch.zeros(1, dtype=torch.long, device=device), fused,
-                                    self.backend)
+                                    device_ints([offset], device), fused, self.backend)
 
     def release(self, slot: int, request_id: str) -> None:
         """Nothing to free: the row's pool slot is reused as a whole."""

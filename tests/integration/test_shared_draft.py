@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddtree import draft_socket
 from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
+from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine as build_local
 from ddtree.models.drafter import load_drafter
 from ddtree.models.target import TargetModel
@@ -172,3 +174,23 @@ def test_the_verifier_takes_the_shared_link_where_the_drafter_offers_it(
                 client.close()
     finally:
         off.stop(None)
+
+
+def test_a_context_started_in_parts_is_the_context_started_at_once(
+        tiny_pair: Path, fp32_target: TargetModel) -> None:
+    """A prompt longer than the link's staging rows reaches the drafter in parts
+    (`LocalDrafter.start` at an offset): the same context as one start."""
+    weight = fp32_target.embeddings.embed_tokens.weight
+    drafter = load_drafter(tiny_pair / "drafter", fp32_target.config, weight.device,
+                           weight.dtype).eval()
+    whole = LocalDrafter(drafter, fp32_target.embeddings, 2, 64)
+    parts = whole.sibling(2, 64, context_graphs=False)
+    width = len(whole.target_layer_ids) * fp32_target.config.hidden_size
+    features = torch.randn(23, width, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        whole.start(1, "r", features)
+        parts.start(1, "r", features[:10])
+        parts.start(1, "r", features[10:], 10)
+    assert parts.pool.k.abs().sum() > 0
+    assert torch.allclose(parts.pool.k, whole.pool.k, atol=1e-6)
+    assert torch.allclose(parts.pool.v, whole.pool.v, atol=1e-6)
