@@ -45,6 +45,7 @@ from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.round import RoundBuffers, draft_into
 from ddtree.engine.state import SlotState
+from ddtree.round_trace import RoundTrace
 from ddtree.shared_tensors import SharingError
 
 log = structlog.get_logger("drafter_svc.shared_round")
@@ -77,6 +78,7 @@ class SharedRoundLink:
         self.stream: torch.cuda.Stream | None = None  # with the events: where work goes
         self.buffers: dict[tuple[int, int], RoundBuffers] = {}
         self.graphs = GraphRunner(self.device, True)
+        self.trace = RoundTrace("drafter")  # DDTREE_TRACE_ROUNDS: a profiler window
 
     def serve(self, peer: str) -> None:
         failed = False
@@ -183,6 +185,7 @@ class SharedRoundLink:
         def half() -> None:
             draft_into(state, local, buffers)
 
+        self.trace.tick()
         with self.lock, torch.inference_mode():
             self._wait_ready()
             if self.graphs.enabled and key not in self.graphs:

@@ -42,6 +42,7 @@ from ddtree.errors import CapacityError, InvalidArgumentError
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetModel
+from ddtree.round_trace import RoundTrace
 from ddtree.stats import GenerationStats
 
 Output = tuple[str, RoundResult]
@@ -117,6 +118,7 @@ class Engine:
             self.graphs, self.state.scratch, self.plan.max_len, self.plan.num_slots,
             config.max_prefill_tokens, self.device) if static else None
         self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
+        self._trace = RoundTrace("engine")  # DDTREE_TRACE_ROUNDS: a profiler window
         self.waiting: deque[Row] = deque()
         self.running: dict[str, Row] = {}  # request id -> row, in admission order
         self.sessions: dict[str, Row] = {}  # client sessions (OpenSession), see sessions.py
@@ -227,6 +229,7 @@ class Engine:
         half's drafter exchange may overlap the other half's verify. Otherwise, with a
         remote drafter and `EngineConfig.send_ahead` (the default), each step ends by
         asking for the next round's trees (`_send_ahead`), which the next step takes."""
+        self._trace.tick()
         outputs: list[Output] = []
         prefill = self._admit()  # enqueued; its first tokens are read below
         if self._alternates():

@@ -489,6 +489,58 @@ case "${1:?call number}" in
   pack_all $1
   mark done
   ;;
+102)
+  # (ran with a DDTREE_SHARED_HOST_WAIT knob, removed after: no gain; 2026-12-04)
+  # (after 0-3, carry .carry/g4) the hop bench's four ways to wait (device or host, each
+  # side), then the shared link through `ddtree serve` with DDTREE_SHARED_HOST_WAIT
+  # none / drafter / both / verifier / none: tree@16 c8 / c1 (ar c8 first: the reference)
+  [ -f $T/config.json ] || stage_target
+  mark "ipc hop bench"
+  timeout 120 python3 scripts/gpu/ipc_hop_bench.py --iters 1500 2>&1 | tee "$OUT/ipc_hop_modes.txt"
+  DDTREE_SHARED_HOST_WAIT=none SHARED=1 RUN=hwnone serve_ahead 1 "ar:1:8 tree:16:8 tree:16:1" 1
+  for wait in drafter both verifier; do
+    DDTREE_SHARED_HOST_WAIT=$wait SHARED=1 RUN=hw$wait serve_ahead 1 "tree:16:8 tree:16:1" 1
+  done
+  DDTREE_SHARED_HOST_WAIT=none SHARED=1 RUN=hwnone2 serve_ahead 1 "tree:16:8 tree:16:1" 1
+  pack_all $1
+  mark done
+  ;;
+103)
+  # (after 0-3, carry .carry/g4) the verifier and the drafter service traced at once under
+  # `ddtree serve` (ddtree/round_trace.py: 200 rounds each, after 300 of the load at c8 and
+  # 1000 at c1), tree@16 c8, then c1 (a server each); then the engine in process at c8 (rounds 600-800);
+  # scripts/trace_merge.py on each: where the GPU's time goes, both processes' work lined up
+  [ -f $T/config.json ] || stage_target
+  for c in 8 1; do
+    dir=/tmp/trace_c$c; rm -rf $dir; mkdir -p $dir
+    DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=$(( c == 8 ? 300 : 1000 )):200 \
+      SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _trace_c$c || exit 3
+    touch $dir/go
+    mark "tree@16 c$c traced"
+    timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+      --modes tree --budgets 16 --concurrency $c --json-out "$OUT/report_trace_c$c.json" 2>&1 \
+      | grep humaneval
+    for _ in $(seq 1 60); do [ "$(ls $dir/*.json 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 1; done
+    sleep 2; kill $S; wait $S 2>/dev/null
+    python3 scripts/trace_merge.py $dir/engine-*.json $dir/drafter-*.json --gaps 12 \
+      | tee "$OUT/merge_c$c.txt"
+    python3 scripts/trace_summary.py $dir/engine-*.json --step-name ddtree.round --steps 0 \
+      --kernels 12 2>&1 | tail -14 > "$OUT/kernels_engine_c$c.txt"
+    python3 scripts/trace_summary.py $dir/drafter-*.json --step-name ddtree.round --steps 0 \
+      --kernels 8 2>&1 | tail -10 > "$OUT/kernels_drafter_c$c.txt"
+    (cd $dir && tar -czf "$OUT/traces_c$c.tar.gz" ./*.json)
+    gzip -f "$OUT/serve_trace_c$c.log"
+  done
+  dir=/tmp/trace_local; rm -rf $dir; mkdir -p $dir; touch $dir/go
+  mark "in process, tree@16 c8 traced"
+  DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=600:200 timeout 200 python3 -m ddtree.cli bench \
+    --target $T --drafter $D --prompts humaneval --num-prompts 160 --num-requests 160 \
+    --modes tree --budgets 16 --concurrency 8 --max-tokens 256 --no-progress 2>&1 | grep humaneval
+  python3 scripts/trace_merge.py $dir/engine-*.json | tee "$OUT/merge_local_c8.txt"
+  (cd $dir && tar -czf "$OUT/traces_local_c8.tar.gz" ./*.json)
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute
