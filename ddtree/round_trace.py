@@ -2,13 +2,15 @@
 the drafter service side by side under real traffic (scripts/trace_merge.py lines their
 GPU timelines up: both processes' traces carry the host's clock).
 
-    DDTREE_TRACE_DIR=/path DDTREE_TRACE_ROUNDS=[SKIP:]COUNT ddtree serve ...
-    touch /path/go   # once the load runs
+    DDTREE_TRACE_DIR=/path DDTREE_TRACE_ROUNDS=SKIP:COUNT ddtree serve ...
 
-Each process counts its rounds (the verifier's engine steps, the drafter's shared-link
-drafts) once DIR/go exists, skips SKIP of them (default 0), records the next COUNT
-(default 200) and writes DIR/<name>-<pid>.json: one window a process, and one at a time
-(a service run in threads records the first). Off, one check a round, unless
+The engine (the leader) counts its steps, and after SKIP of them creates DIR/go and
+records the next COUNT; every other process (the drafter service's shared link) records
+COUNT of its rounds from its first round after DIR/go appears. So the windows start
+within a round of each other. Each writes DIR/<name>-<pid>.json: one window a process,
+one at a time (a service run in threads records the first). The profiler is started and
+stopped once when the trace is set up, so that its first start inside traffic is quick
+(a slow one would exceed the shared link's deadline). Off, one check a round, unless
 DDTREE_TRACE_DIR is set.
 """
 
@@ -29,37 +31,56 @@ MARK = "ddtree.round"  # a zero-length range at each traced round's start
 _busy = threading.Lock()
 
 
+def _activities() -> list[Any]:
+    from torch.profiler import ProfilerActivity
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
 class RoundTrace:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, leader: bool = False) -> None:
         self.name = name
         self.profiler: Any = None
         directory = os.environ.get(DIR_ENV, "")
         self.enabled = bool(directory)
         self.directory = Path(directory)
         skip, _, count = os.environ.get(ROUNDS_ENV, "200").rpartition(":")
-        self.skip, self.left = int(skip or 0), int(count)
+        self.leader = leader
+        self.skip, self.left = (int(skip or 0) if leader else 0), int(count)
         self.triggered = False
+        if self.enabled:
+            if not _busy.acquire(blocking=False):
+                self.enabled = False  # another window of this process records
+                return
+            from torch.profiler import profile
+            try:
+                with profile(activities=_activities()):
+                    pass  # the profiler's own set-up, now rather than in traffic
+            finally:
+                _busy.release()
 
     def tick(self) -> None:
         """One round begins."""
         if not self.enabled:
             return
         if not self.triggered:
-            self.triggered = (self.directory / "go").exists()
-            if not self.triggered:
+            if self.leader:
+                self.skip -= 1
+                if self.skip >= 0:
+                    return
+                self.directory.mkdir(parents=True, exist_ok=True)
+                (self.directory / "go").touch()
+            elif not (self.directory / "go").exists():
                 return
-        if self.skip > 0:
-            self.skip -= 1
-            return
+            self.triggered = True
         if self.profiler is None:
             if not _busy.acquire(blocking=False):
                 self.enabled = False  # another window of this process records
                 return
-            from torch.profiler import ProfilerActivity, profile
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(ProfilerActivity.CUDA)
-            self.profiler = profile(activities=activities)
+            from torch.profiler import profile
+            self.profiler = profile(activities=_activities())
             self.profiler.start()
         with torch.profiler.record_function(MARK):
             pass

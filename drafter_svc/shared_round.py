@@ -78,7 +78,7 @@ class SharedRoundLink:
         self.stream: torch.cuda.Stream | None = None  # with the events: where work goes
         self.buffers: dict[tuple[int, int], RoundBuffers] = {}
         self.graphs = GraphRunner(self.device, True)
-        self.trace = RoundTrace("drafter")  # DDTREE_TRACE_ROUNDS: a profiler window
+        self.trace = RoundTrace("drafter")  # DDTREE_TRACE_DIR: a profiler window
 
     def serve(self, peer: str) -> None:
         failed = False

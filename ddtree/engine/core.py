@@ -118,7 +118,7 @@ class Engine:
             self.graphs, self.state.scratch, self.plan.max_len, self.plan.num_slots,
             config.max_prefill_tokens, self.device) if static else None
         self.counters = EngineCounters(batch_sizes=[0] * (self.plan.num_slots + 1))
-        self._trace = RoundTrace("engine")  # DDTREE_TRACE_ROUNDS: a profiler window
+        self._trace = RoundTrace("engine", leader=True)  # DDTREE_TRACE_DIR: a profiler window
         self.waiting: deque[Row] = deque()
         self.running: dict[str, Row] = {}  # request id -> row, in admission order
         self.sessions: dict[str, Row] = {}  # client sessions (OpenSession), see sessions.py

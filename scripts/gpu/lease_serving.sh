@@ -541,6 +541,36 @@ case "${1:?call number}" in
   (cd $dir && tar -czf "$OUT/traces_local_c8.tar.gz" ./*.json)
   mark done
   ;;
+104)
+  # (after 0-3, carry .carry/g4) call 103 again with the windows lined up (the engine
+  # starts its window after 300 steps and creates go; the drafter's starts at its next
+  # round) and the profiler set up before the traffic: tree@16 c8 through `ddtree serve`,
+  # then the engine in process at c8; kernels a round of each trace
+  [ -f $T/config.json ] || stage_target
+  dir=/tmp/trace_s8; rm -rf $dir; mkdir -p $dir
+  DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=300:200 \
+    SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _trace_s8 || exit 3
+  mark "tree@16 c8 traced"
+  timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+    --modes tree --budgets 16 --concurrency 8 2>&1 | grep humaneval
+  for _ in $(seq 1 60); do [ "$(ls $dir/*.json 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 1; done
+  sleep 2; kill $S; wait $S 2>/dev/null
+  grep -c shared_draft_lost "$OUT/serve_trace_s8.log"
+  python3 scripts/trace_merge.py $dir/engine-*.json $dir/drafter-*.json --gaps 12
+  python3 scripts/trace_kernels.py $dir/engine-*.json 25 > "$OUT/kernels_served_engine.txt"
+  python3 scripts/trace_kernels.py $dir/drafter-*.json 25 > "$OUT/kernels_served_drafter.txt"
+  dir2=/tmp/trace_l8; rm -rf $dir2; mkdir -p $dir2
+  mark "in process, tree@16 c8 traced"
+  DDTREE_TRACE_DIR=$dir2 DDTREE_TRACE_ROUNDS=600:200 timeout 200 python3 -m ddtree.cli bench \
+    --target $T --drafter $D --prompts humaneval --num-prompts 160 --num-requests 160 \
+    --modes tree --budgets 16 --concurrency 8 --max-tokens 256 --no-progress 2>&1 | grep humaneval
+  python3 scripts/trace_merge.py $dir2/engine-*.json
+  python3 scripts/trace_kernels.py $dir2/engine-*.json 40 > "$OUT/kernels_local.txt"
+  tar -czf "$OUT/traces104.tar.gz" $dir/*.json $dir2/*.json
+  gzip -f "$OUT/serve_trace_s8.log"
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute

@@ -1,0 +1,39 @@
+"""Kernels (and copies) of a round trace (ddtree/round_trace.py) by GPU time a round, with
+their grids, between the trace's first and last round marks:
+
+    python3 scripts/trace_kernels.py engine-123.json [N]
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def main(argv: list[str]) -> int:
+    path, top = argv[0], int(argv[1]) if len(argv) > 1 else 25
+    with open(path) as f:
+        trace = json.load(f)
+    base = trace.get("baseTimeNanoseconds", 0) / 1000
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    marks = sorted(base + e["ts"] for e in events if e["name"] == "ddtree.round")
+    lo, hi, rounds = marks[0], marks[-1], max(len(marks) - 1, 1)
+    total: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.get("cat") in GPU_CATS and lo <= base + e["ts"] <= hi:
+            key = f"{e['name'][:60]} {e.get('args', {}).get('grid', '')}"
+            total[key] += e.get("dur", 0.0)
+            calls[key] += 1
+    print(f"{path}: {rounds} rounds, kernel time {sum(total.values()) / rounds:.1f} us a round "
+          "(overlapping kernels counted each)")
+    for key, value in total.most_common(top):
+        print(f"{value / rounds:9.1f} us {calls[key] / rounds:6.2f}/round  {key}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
