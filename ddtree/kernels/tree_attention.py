@@ -125,6 +125,14 @@ SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 meas
 # 8B verify of 64 nodes 5% faster and decode at 4,096 keys 25% slower: not taken.
 ATTN_TILES = {64: (BLOCK_N, 2, 2), 128: (BLOCK_N, 4, 3)}
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
+# Split programs a launch aims at (queries x KV heads x programs a query): a query's splits
+# beyond its programs are taken in turn by them. The grid is sized from max_kv_len (a CUDA
+# graph's grid is fixed), so at the served model length (SmolLM2: 8,192, 33 splits) most
+# programs found no keys: at 8 trees of 17 nodes 13,464 programs, ~6 waves on an H200, most
+# of them idle, and the split kernel took 21 us a layer against 11.5 with 5 splits (lease
+# 31, round traces of the verifier service and in process). A query with 1-4 splits, as in
+# decoding a short context, still gets one program a split.
+SPLIT_PROGRAMS = 2048
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
 
@@ -145,10 +153,11 @@ def _float_ops(lines: list[str]) -> list[str]:
 
 
 def split_loops_agree(ptx: str) -> bool:
-    """Whether the split kernel's loops that do float arithmetic (each a span that a
-    backward branch closes) run the same float operations: the prefix loop and the
-    tree-key loop must, for a key block to give the same bits whichever loop reaches it
-    (an ar query reaches in its first loop a block its tree twin reaches in its second).
+    """Whether the split kernel's innermost loops that do float arithmetic (each a span
+    that a backward branch closes, holding no other) run the same float operations: the
+    prefix loop and the tree-key loop must, for a key block to give the same bits whichever
+    loop reaches it (an ar query reaches in its first loop a block its tree twin reaches in
+    its second).
     Compared as multisets: the scheduler may order independent operations differently in
     the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
     result. Necessary, not sufficient (the twin checks of scripts/gpu/attn_sweep.py and the
@@ -156,11 +165,15 @@ def split_loops_agree(ptx: str) -> bool:
     lines = ptx.splitlines()
     labels = {match.group(1): i for i, line in enumerate(lines)
               for match in [re.match(r"\s*(\$?[\w$]+):", line)] if match}
-    loops = []
+    spans = []
     for i, line in enumerate(lines):
         match = re.search(r"\bbra(?:\.uni)?\s+(\$?[\w$]+);", line)
         if match and labels.get(match.group(1), i) < i:
-            loops.append(_float_ops(lines[labels[match.group(1)]: i]))
+            spans.append((labels[match.group(1)], i))
+    # the innermost loops: the key loops (the loop over a query's splits holds them)
+    inner = [(a, b) for a, b in spans
+             if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+    loops = [_float_ops(lines[a:b]) for a, b in inner]
     counts = [collections.Counter(loop) for loop in loops if loop]  # not the L2 prefetch's
     return all(count == counts[0] for count in counts[1:])
 
@@ -234,35 +247,36 @@ def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, s
         prefetch_l2(v_base + pos[:, None] * stride_vp + line[None, :])
 
 
-@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_prefetch",
-                             "num_slots", "pool_len"])
+@triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_programs",
+                             "num_prefetch", "num_slots", "pool_len"])
 def _tree_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
     query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
     scale_log2, num_tree_cols, stride_tree,
     stride_qt, stride_qh, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
-    stride_ot, stride_oh, num_splits,
+    stride_ot, stride_oh, num_splits, num_programs,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
     PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, num_slots=1, pool_len=1,
 ):
+    """Program (t, kv_head, p) attends query t's splits p, p + num_programs, ... (each
+    split as it would alone: the bits do not depend on num_programs)."""
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    if PREFETCH_LINES > 0:  # dependent launch: this split's prefix K/V lines into L2
+    first_split = tl.program_id(2)
+    if PREFETCH_LINES > 0:  # dependent launch: its first split's prefix K/V lines into L2
         _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head,
-                         split * SPLIT, num_prefetch, num_slots, pool_len, stride_ks,
+                         first_split * SPLIT, num_prefetch, num_slots, pool_len, stride_ks,
                          stride_kp, stride_kh, stride_vs, stride_vp, stride_vh, HEAD_DIM,
                          BLOCK, SPLIT, PREFETCH_LINES)
     wait_for_inputs(USE_PDL)
     prefix = tl.load(prefix_len_ptr + t).to(tl.int32)
     total = prefix + tl.load(num_tree_keys_ptr + t).to(tl.int32)
-    start = split * SPLIT
     # A query with no keys still gets its split 0 (it writes zeros, never NaN).
-    if start >= tl.maximum(total, 1):
+    query_splits = tl.cdiv(tl.maximum(total, 1), SPLIT)
+    if first_split >= query_splits:
         return
-    end = tl.minimum(start + SPLIT, total)
     tree_base = tl.load(tree_base_ptr + t).to(tl.int32)
     k_base = k_ptr + tl.load(query_slot_ptr + t).to(tl.int64) * stride_ks + kv_head * stride_kh
     v_base = v_ptr + tl.load(query_slot_ptr + t).to(tl.int64) * stride_vs + kv_head * stride_vh
@@ -270,42 +284,45 @@ def _tree_attention_split_kernel(
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + rows  # (G_pad,)
-    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=(rows < GROUP)[:, None], other=0.0)  # (G_pad, D)
-
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    tail_start = start
-    if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
-        # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
-        tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
-        for block_start in range(start, tail_start, BLOCK):
-            pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
-            m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
-                                          m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
-                                          HEAD_DIM, DOT_IEEE)
-    for block_start in range(tail_start, end, BLOCK):
-        pos = block_start + tl.arange(0, BLOCK)
-        tree_col = pos - prefix
-        is_tree = tree_col >= 0
-        tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
-                           mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
-        slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
-        m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
-                                      scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
-
     head_mask = rows < GROUP
-    if total <= SPLIT:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
-    else:
-        ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
-        tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
-                 mask=head_mask[:, None])
-        tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
-        tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                mask=head_mask[:, None], other=0.0)  # (G_pad, D)
+
+    for split in range(first_split, query_splits, num_programs):
+        start = split * SPLIT
+        end = tl.minimum(start + SPLIT, total)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        tail_start = start
+        if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
+            # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
+            tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
+            for block_start in range(start, tail_start, BLOCK):
+                pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
+                m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
+                                              m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
+                                              HEAD_DIM, DOT_IEEE)
+        for block_start in range(tail_start, end, BLOCK):
+            pos = block_start + tl.arange(0, BLOCK)
+            tree_col = pos - prefix
+            is_tree = tree_col >= 0
+            tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
+                               mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
+            slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
+            m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
+                                          scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
+
+        if total <= SPLIT:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+        else:
+            ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
+            tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
+                     mask=head_mask[:, None])
+            tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
+            tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -365,12 +382,13 @@ def tree_attention_tiled(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
-    num_warps: int = 4, num_stages: int = 3,
+    num_warps: int = 4, num_stages: int = 3, split_programs: int = SPLIT_PROGRAMS,
 ) -> Tensor:
     """`tree_attention` with explicit block and split sizes, loop structure, warps and
     stages (the tests use small sizes to cross their boundaries at short lengths; the GPU
     sweep times others). Outputs agree bitwise only between launches with the same
-    settings."""
+    settings; `split_programs` (how many programs the splits are spread over) changes no
+    bit."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -396,12 +414,15 @@ def tree_attention_tiled(
         split_size // block_n)
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
-    kernel = _tree_attention_split_kernel[(num_queries, num_kv_heads, num_splits)](
+    # programs a query: every split its own up to SPLIT_PROGRAMS programs in all
+    num_programs = min(num_splits, max(1, triton.cdiv(split_programs,
+                                                      num_queries * num_kv_heads)))
+    kernel = _tree_attention_split_kernel[(num_queries, num_kv_heads, num_programs)](
         q, k_cache, v_cache, out, ws_acc, ws_stat,
         query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
         scale * LOG2_E, num_tree_cols, tree_keys.stride(0),
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        out.stride(0), out.stride(1), num_splits,
+        out.stride(0), out.stride(1), num_splits, num_programs,
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,

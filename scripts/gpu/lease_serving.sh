@@ -571,6 +571,16 @@ case "${1:?call number}" in
   gzip -f "$OUT/serve_trace_s8.log"
   mark done
   ;;
+105)
+  # (after 0-3, carry .carry/g4) tree attention's splits taken in turn by at most
+  # SPLIT_PROGRAMS programs (the served model length no longer fills the grid with idle
+  # programs): tree@16 c8 / c1 and ar c8 (the exactness check's reference) through
+  # `ddtree serve`, as call 101
+  [ -f $T/config.json ] || stage_target
+  SHARED=1 RUN=splits serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8" 1
+  pack_all $1
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute

@@ -95,6 +95,21 @@ def test_output_does_not_depend_on_the_launch(
     assert torch.equal(run(case, last)[0], alone[-1])
 
 
+@pytest.mark.parametrize("split_programs", [1, 5])
+def test_splits_taken_in_turn_by_fewer_programs_give_the_same_bits(
+        case: TwinCase, outputs: tuple[torch.Tensor, torch.Tensor],
+        split_programs: int) -> None:
+    """A grid sized for a long model length (many splits a query) spreads each query's
+    splits over at most `split_programs` programs in all; every split is computed as it
+    would be by a program of its own."""
+    queries = case.tree
+    length = int(queries.lengths().max()) + 200  # ~8 more (empty) splits of 32 keys
+    spread = tree_attention_tiled(queries.q, case.k_cache, case.v_cache,
+                                  *queries.fields()[1:], 1 / math.sqrt(queries.q.shape[-1]),
+                                  length, *SMALL_TILES, split_programs=split_programs)
+    assert torch.equal(spread, outputs[0])
+
+
 def test_matches_the_reference(case: TwinCase,
                                outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert_close_to(outputs[0], reference(case, case.tree))
