@@ -575,9 +575,13 @@ case "${1:?call number}" in
   # (after 0-3, carry .carry/g4) tree attention's splits taken in turn by at most
   # SPLIT_PROGRAMS programs (the served model length no longer fills the grid with idle
   # programs): tree@16 c8 / c1 and ar c8 (the exactness check's reference) through
-  # `ddtree serve`, as call 101
+  # `ddtree serve`, as call 101, with ar c1; then ar / tree@16 in process over the same 160
+  # requests (the gateway's ratio to in process, in one run)
   [ -f $T/config.json ] || stage_target
-  SHARED=1 RUN=splits serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8" 1
+  SHARED=1 RUN=splits serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
   pack_all $1
   mark done
   ;;
