@@ -585,6 +585,27 @@ case "${1:?call number}" in
   pack_all $1
   mark done
   ;;
+106)
+  # (warm after 105) call 105's tree@16 c8 / c1 and ar c8 / c1 through `ddtree serve` again
+  SHARED=1 RUN=splits2 serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  pack_all $1
+  mark done
+  ;;
+107)
+  # (after 0-3, carry .carry/g4) issue 8's batch-1 table with the split change: ar /
+  # linear / tree@16 / tree@32 / shadow@16 beside transformers' static-cache generate, then
+  # the Qwen3-8B shapes (random bf16 weights built here)
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed"
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed \
+    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain --target $T \
+    --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -12
+  mark "shapes8b"
+  timeout 240 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
+    --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+  pack_all $1
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute
