@@ -131,7 +131,8 @@ PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: 
 # programs found no keys: at 8 trees of 17 nodes 13,464 programs, ~6 waves on an H200, most
 # of them idle, and the split kernel took 21 us a layer against 11.5 with 5 splits (lease
 # 31, round traces of the verifier service and in process). A query with 1-4 splits, as in
-# decoding a short context, still gets one program a split.
+# decoding a short context, still gets one program a split. With this, tree@16 at c8
+# through `ddtree serve` rose 11-13% (lease 32); c1 and in process did not move.
 SPLIT_PROGRAMS = 2048
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
