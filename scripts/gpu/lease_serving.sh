@@ -325,12 +325,14 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   # tokens, two client processes: one prompt set at every point) through it
   # SOCK=0: the verifier speaks the Draft stream over gRPC, not the drafter's Unix socket;
   # SHARED=0: no shared draft link (the Draft stream instead)
+  # SERVE_EXTRA: more `ddtree serve` arguments (the last of a repeated flag wins)
   local ahead=$1 ctx=${3:-0} point mode budget c tag sock=${SOCK:-1} shared=${SHARED:-1}
   tag=ahead${1}_ctx${ctx}_sock${sock}_shared${shared}${RUN:+_$RUN}
   mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx socket=$sock shared=$shared"
   DDTREE_SEND_AHEAD=$ahead DDTREE_CONTEXT_GRAPHS=$ctx DDTREE_DRAFTER_SOCKET=$sock \
     DDTREE_DRAFTER_SHARED=$shared \
-    SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _$tag || return 3
+    SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 ${SERVE_EXTRA:-}" start_serve _$tag \
+    || return 3
   grep -h warmed_up "$OUT/serve_$tag.log" | cut -c1-200
   grep -ho "transport=[a-z]*\|\"transport\": \"[a-z]*\"\|drafter_link.*\|shared_draft_[a-z]*" "$OUT/serve_$tag.log" | cut -c1-160 | sort | uniq -c
   for point in $2; do
@@ -603,6 +605,14 @@ case "${1:?call number}" in
   mark "shapes8b"
   timeout 240 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
     --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+  pack_all $1
+  mark done
+  ;;
+108)
+  # (after 0-3, carry .carry/g4) issue 7's exactness in float32 through `ddtree serve`:
+  # tree@16 c8 / c1 and ar c8 against ar c1 (single-request runs), 160 requests each
+  [ -f $T/config.json ] || stage_target
+  SERVE_EXTRA="--dtype float32" SHARED=1 RUN=fp32 serve_ahead 1 "ar:1:1 tree:16:8 tree:16:1 ar:1:8" 1
   pack_all $1
   mark done
   ;;
