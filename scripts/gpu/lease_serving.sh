@@ -325,7 +325,8 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   # tokens, two client processes: one prompt set at every point) through it
   # SOCK=0: the verifier speaks the Draft stream over gRPC, not the drafter's Unix socket;
   # SHARED=0: no shared draft link (the Draft stream instead)
-  # SERVE_EXTRA: more `ddtree serve` arguments (the last of a repeated flag wins)
+  # SERVE_EXTRA: more `ddtree serve` arguments (the last of a repeated flag wins); NUM
+  # requests (160) of MAXTOK tokens (256) at each point
   local ahead=$1 ctx=${3:-0} point mode budget c tag sock=${SOCK:-1} shared=${SHARED:-1}
   tag=ahead${1}_ctx${ctx}_sock${sock}_shared${shared}${RUN:+_$RUN}
   mark "serve (services, --max-budget 16 --max-num-seqs 8), send_ahead=$ahead context_graphs=$ctx socket=$sock shared=$shared"
@@ -339,7 +340,8 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
     IFS=: read -r mode budget c <<<"$point"
     mark "$mode@$budget c$c, 160 requests, $tag"
     timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+      --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
+      --no-progress --client-processes 2 \
       --modes "$mode" --budgets "$budget" --concurrency "$c" \
       --json-out "$OUT/report_${tag}_${mode}_c$c.json" 2>&1 | grep humaneval
   done
@@ -520,7 +522,8 @@ case "${1:?call number}" in
     touch $dir/go
     mark "tree@16 c$c traced"
     timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+      --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
+      --no-progress --client-processes 2 \
       --modes tree --budgets 16 --concurrency $c --json-out "$OUT/report_trace_c$c.json" 2>&1 \
       | grep humaneval
     for _ in $(seq 1 60); do [ "$(ls $dir/*.json 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 1; done
@@ -610,9 +613,12 @@ case "${1:?call number}" in
   ;;
 108)
   # (after 0-3, carry .carry/g4) issue 7's exactness in float32 through `ddtree serve`:
-  # tree@16 c8 / c1 and ar c8 against ar c1 (single-request runs), 160 requests each
+  # tree@16 c8 / c1 and ar c8 against ar c1 (single-request runs), 24 requests x 128
+  # tokens each (the first try, 160 x 256, passed 150 s at ar c1: ~27 ms a c8 tree round
+  # in float32)
   [ -f $T/config.json ] || stage_target
-  SERVE_EXTRA="--dtype float32" SHARED=1 RUN=fp32 serve_ahead 1 "ar:1:1 tree:16:8 tree:16:1 ar:1:8" 1
+  NUM=24 MAXTOK=128 SERVE_EXTRA="--dtype float32" SHARED=1 RUN=fp32 serve_ahead 1 \
+    "ar:1:1 tree:16:8 ar:1:8 tree:16:1" 1
   pack_all $1
   mark done
   ;;
