@@ -338,7 +338,7 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   grep -ho "transport=[a-z]*\|\"transport\": \"[a-z]*\"\|drafter_link.*\|shared_draft_[a-z]*" "$OUT/serve_$tag.log" | cut -c1-160 | sort | uniq -c
   for point in $2; do
     IFS=: read -r mode budget c <<<"$point"
-    mark "$mode@$budget c$c, 160 requests, $tag"
+    mark "$mode@$budget c$c, ${NUM:-160} requests, $tag"
     timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
       --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
       --no-progress --client-processes 2 \
