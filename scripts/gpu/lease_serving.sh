@@ -319,6 +319,14 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
   (cd "$OUT" && tar -czf raw.tar.gz report_*.json serve_*.log && rm -f report_*.json serve_*.log)
 }
 
+bench_url() {  # mode budget concurrency report.json: NUM (160) HumanEval requests of MAXTOK
+  # (256) tokens through `ddtree serve` on port 8000, two client processes; its table row
+  timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+    --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
+    --no-progress --client-processes 2 --modes "$1" --budgets "$2" --concurrency "$3" \
+    --json-out "$4" 2>&1 | grep humaneval
+}
+
 serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve --budget 16
   # --max-budget 16 --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead (the verifier) and
   # DDTREE_CONTEXT_GRAPHS (the drafter service), each point (160 HumanEval requests x 256
@@ -339,11 +347,7 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   for point in $2; do
     IFS=: read -r mode budget c <<<"$point"
     mark "$mode@$budget c$c, ${NUM:-160} requests, $tag"
-    timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
-      --no-progress --client-processes 2 \
-      --modes "$mode" --budgets "$budget" --concurrency "$c" \
-      --json-out "$OUT/report_${tag}_${mode}_c$c.json" 2>&1 | grep humaneval
+    bench_url "$mode" "$budget" "$c" "$OUT/report_${tag}_${mode}_c$c.json"
   done
   local ar_reports=("$OUT"/report_*_ar_c*.json)  # the call's ar reports (texts)
   if [ -e "${ar_reports[0]}" ]; then
@@ -521,11 +525,7 @@ case "${1:?call number}" in
       SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _trace_c$c || exit 3
     touch $dir/go
     mark "tree@16 c$c traced"
-    timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
-      --no-progress --client-processes 2 \
-      --modes tree --budgets 16 --concurrency $c --json-out "$OUT/report_trace_c$c.json" 2>&1 \
-      | grep humaneval
+    bench_url tree 16 $c "$OUT/report_trace_c$c.json"
     for _ in $(seq 1 60); do [ "$(ls $dir/*.json 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 1; done
     sleep 2; kill $S; wait $S 2>/dev/null
     python3 scripts/trace_merge.py $dir/engine-*.json $dir/drafter-*.json --gaps 12 \
