@@ -30,10 +30,9 @@ class EngineConfig:
     max_model_len: prompt + generated tokens per row (0 = the target's);
     kv_memory_bytes: the pool's budget (0 = auto); max_budget: largest tree a request may
     ask for; cuda_graphs / invariant: capture rounds / batch-invariant GEMMs (GPU only);
-    fused_norms: each layer's two norms run inside its invariant GEMMs - the o_proj and
-    down GEMMs add the residual and store its sums of squares, the QKV and gate_up GEMMs
-    normalise from them (GPU only, same bits as the separate kernels, two launches fewer
-    per layer; the target's layers and a local drafter's; `ops.Backend.fused`);
+    fused_prologues: each layer's two norms and SwiGLU run inside its invariant GEMMs (GPU
+    only, same bits as the separate kernels, three launches fewer per layer; off = the
+    separate kernels, the default: the fused GEMMs measured slower on the H200);
     max_prefill_tokens: prompt tokens prefilled per step before the round runs;
     static_prefill: prefill in padded static shapes (ddtree/engine/prefill_graphs.py),
     replayed as CUDA graphs; None = exactly when rounds are captured (a GPU with graphs);
@@ -58,7 +57,7 @@ class EngineConfig:
     max_budget: int = 256
     cuda_graphs: bool = True
     invariant: bool = True
-    fused_norms: bool = False
+    fused_prologues: bool = False
     max_prefill_tokens: int = 8192
     static_prefill: bool | None = None
     measure_policy: bool | None = None

@@ -98,10 +98,10 @@ class Engine:
         weight = target.embeddings.embed_tokens.weight
         self.device, dtype = weight.device, weight.dtype
         target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant,
-                                 fused=config.fused_norms,
+                                 fused=config.fused_prologues,
                                  swiglu_epilogue=config.swiglu_epilogue)
         if isinstance(drafting, LocalDrafter):
-            drafting.backend = dataclasses.replace(drafting.backend, fused=config.fused_norms,
+            drafting.backend = dataclasses.replace(drafting.backend,
                                                    swiglu_epilogue=config.swiglu_epilogue)
         depth = drafting.block_size - 1 if drafting is not None else 0
         self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)

@@ -1,17 +1,13 @@
-"""The invariant GEMM with the operation before or after it fused in (one launch instead of
-two, the tiles built in registers; ddtree/kernels/prologues.py):
+"""The invariant GEMM with the operation before it fused in as a prologue (one launch
+instead of two, the A tile built in registers; ddtree/kernels/prologues.py):
 
-- `residual_linear`: a projection whose output joins the residual stream (o_proj, down):
-  it stores h = x @ W.T + residual and the rows' partial sums of squares of h (`stats`);
-- `norm_linear`: RMSNorm of that h, from those statistics, then a projection (QKV,
-  gate_up; with the SwiGLU epilogue for gate_up): the norm costs no launch of its own;
+- `norm_linear`: RMSNorm with the residual add, then a projection (QKV, gate_up);
 - `swiglu_down`: silu(gate) * up of a [gate | up] tensor, then the down projection.
 
-Each equals its separate kernels bitwise (same rounding steps, the same fixed order for
-the norm's sum of squares: `rms_norm` of x + residual, then `invariant_linear`) and keeps
-the batch invariance of `invariant_linear`: the K order is `linear_config(N, K, dtype)`'s
-of the weight (for the down projection K = I, the weight's width, not x's 2I), never a
-function of T.
+Each equals its two separate kernels bitwise (same rounding steps, the same fixed order
+for the norm's sum of squares) and keeps the batch invariance of `invariant_linear`: the
+tiling is `linear_config(N, K, dtype)` of the weight (for the down projection K = I, the
+weight's width, not x's 2I), never a function of T.
 """
 
 from __future__ import annotations
@@ -20,80 +16,27 @@ import dataclasses
 import functools
 
 import torch
-import triton
 from torch import Tensor
 
 from ddtree.kernels.matmul import (
-    EPILOGUE_RESIDUAL,
-    EPILOGUE_SWIGLU,
     LinearConfig,
     check_operands,
     launch_linear,
     linear_config,
     linear_reference,
 )
-from ddtree.kernels.prologues import NORM, STATS_CHUNK, SWIGLU
+from ddtree.kernels.prologues import NORM, SWIGLU
 from ddtree.kernels.rmsnorm import rms_norm_reference
 from ddtree.kernels.swiglu import silu_mul_reference
 
 
-def stats_width(hidden: int) -> int:
-    """Partial sums of squares per row of `hidden` columns (runs of STATS_CHUNK)."""
-    return triton.cdiv(hidden, STATS_CHUNK)
-
-
-def residual_linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor,
-                    config: LinearConfig | None = None) -> tuple[Tensor, Tensor]:
-    """x (T, K), weight (N, K), bias (N,), residual (T, N) contiguous in x's dtype ->
-    (h, stats): h = invariant_linear(x, weight, bias) + residual rounded to x's dtype (the
-    bits of `rms_norm(out, w, eps, residual)[1]`), stats (T, stats_width(N)) float32 the
-    sums of squares of h's runs of STATS_CHUNK columns, for `norm_linear`."""
-    check_operands(x, weight, bias, weight.shape[1])
-    assert residual.shape == (x.shape[0], weight.shape[0]) and residual.is_contiguous(), \
-        residual.shape
-    assert residual.dtype == x.dtype and residual.device == x.device, residual.dtype
-    config = config or linear_config(weight.shape[0], weight.shape[1], weight.dtype,
-                                     x.shape[0])
-    h = x.new_empty((x.shape[0], weight.shape[0]))
-    stats = x.new_empty((x.shape[0], stats_width(weight.shape[0])), dtype=torch.float32)
-    launch_linear(x, weight, bias, h, config, residual=residual, stats=stats,
-                  epilogue=EPILOGUE_RESIDUAL.value)
-    return h, stats
-
-
-def norm_linear(h: Tensor, stats: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                bias: Tensor | None = None, config: LinearConfig | None = None,
-                swiglu: bool = False) -> Tensor:
-    """h (T, H) contiguous with its `residual_linear` stats; norm_weight (H,), weight
-    (N, H), bias (N,) in h's dtype -> invariant_linear(rms_norm(h)) (T, N), bitwise; with
-    `swiglu`, weight is [gate | up] (2I, H) and the result silu(gate) * up (T, I) with
-    `config` the SwiGLU epilogue's (`swiglu_epilogue_rows_config`)."""
-    check_operands(h, weight, bias, weight.shape[1])
-    hidden = h.shape[1]
-    assert norm_weight.shape == (hidden,) and norm_weight.is_contiguous(), norm_weight.shape
-    assert norm_weight.dtype == h.dtype and norm_weight.device == h.device, norm_weight.dtype
-    assert stats.shape == (h.shape[0], stats_width(hidden)), stats.shape
-    assert stats.dtype == torch.float32 and stats.stride(1) == 1, stats.dtype
-    width = weight.shape[0] // 2 if swiglu else weight.shape[0]
-    if swiglu:
-        assert config is not None, "the SwiGLU epilogue's tiling"
-    config = config or linear_config(weight.shape[0], hidden, weight.dtype, h.shape[0])
-    out = h.new_empty((h.shape[0], width))
-    launch_linear(h, weight, bias, out, config, NORM.value, norm_weight=norm_weight,
-                  stats=stats, eps=eps, epilogue=EPILOGUE_SWIGLU.value if swiglu else 0)
-    return out
-
-
-def residual_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None,
-                              residual: Tensor) -> Tensor:
-    """h = linear(x) (float64 GEMM rounded to x's dtype) + residual, rounded."""
-    return (linear_reference(x, weight, bias).float() + residual.float()).to(x.dtype)
-
-
-def norm_linear_reference(h: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                          bias: Tensor | None = None) -> Tensor:
-    """linear(rms_norm(h)) (T, N), the GEMM in float64."""
-    return linear_reference(rms_norm_reference(h, norm_weight, eps)[0], weight, bias)
+def norm_linear_reference(x: Tensor, residual: Tensor | None, norm_weight: Tensor,
+                          eps: float, weight: Tensor,
+                          bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x, residual: (T, H); norm_weight: (H,); weight: (N, H); bias: (N,) or None ->
+    (linear(rms_norm(h)) (T, N) with the GEMM in float64, h (T, H)), h = x + residual."""
+    normed, h = rms_norm_reference(x, norm_weight, eps, residual)
+    return linear_reference(normed, weight, bias), h
 
 
 def swiglu_down_reference(gate_up: Tensor, weight: Tensor,
@@ -101,6 +44,33 @@ def swiglu_down_reference(gate_up: Tensor, weight: Tensor,
     """gate_up: (T, 2I) = [gate | up]; weight: (N, I) -> linear(silu(gate) * up) (T, N),
     the GEMM in float64."""
     return linear_reference(silu_mul_reference(gate_up), weight, bias)
+
+
+def norm_linear(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float,
+                weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The Triton kernel of `norm_linear_reference`: x, residual (T, H) contiguous;
+    norm_weight (H,), weight (N, H), bias (N,) in x's dtype -> (out (T, N), h), h = x when
+    there is no residual, else a new (T, H) tensor holding x + residual."""
+    config = linear_config(weight.shape[0], weight.shape[1], weight.dtype)
+    return norm_linear_with_config(x, residual, norm_weight, eps, weight, bias, config)
+
+
+def norm_linear_with_config(x: Tensor, residual: Tensor | None, norm_weight: Tensor,
+                            eps: float, weight: Tensor, bias: Tensor | None,
+                            config: LinearConfig) -> tuple[Tensor, Tensor]:
+    """`norm_linear` with an explicit tiling (tests)."""
+    check_operands(x, weight, bias, weight.shape[1])
+    hidden = x.shape[1]
+    assert norm_weight.shape == (hidden,) and norm_weight.is_contiguous(), norm_weight.shape
+    assert norm_weight.dtype == x.dtype and norm_weight.device == x.device, norm_weight.dtype
+    if residual is not None:
+        assert residual.shape == x.shape and residual.is_contiguous(), residual.shape
+        assert residual.dtype == x.dtype and residual.device == x.device, residual.dtype
+    out = x.new_empty((x.shape[0], weight.shape[0]))
+    h = x if residual is None else torch.empty_like(x)
+    launch_linear(x, weight, bias, out, config, NORM.value, residual, norm_weight,
+                  h if residual is not None else None, eps)
+    return out, h
 
 
 def swiglu_down(gate_up: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

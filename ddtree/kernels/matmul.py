@@ -31,24 +31,18 @@ from ddtree.kernels.launch import (
 )
 from ddtree.kernels.prologues import (
     NORM,
-    STATS_CHUNK,
     SWIGLU,
     a_tile,
-    chunk_square_sums,
     inverse_rms,
     silu_times,
-    tree_total,
+    sum_squares,
 )
 
-# The operation after the dot (`_linear_kernel`'s EPILOGUE): none; SwiGLU of a [gate | up]
-# weight - each program accumulates a gate tile and the up tile N rows below it and stores
-# silu(gate) * up, N columns wide (fused_linear.linear_swiglu); or the residual add - the
-# output is h = round(x @ W.T) + residual (the model's residual stream) and the rows'
-# partial sums of squares of h for the next norm (fused_linear.residual_linear; with
-# split-K the reduce kernel does it).
+# The operation after the dot (`_linear_kernel`'s EPILOGUE): none, or SwiGLU of a
+# [gate | up] weight - each program accumulates a gate tile and the up tile N rows below
+# it and stores silu(gate) * up, N columns wide (fused_linear.linear_swiglu).
 EPILOGUE_NONE = tl.constexpr(0)
 EPILOGUE_SWIGLU = tl.constexpr(1)
-EPILOGUE_RESIDUAL = tl.constexpr(2)
 # Shared memory a block may ask on the H200 (sm_90: 227 KB)
 SHARED_BYTES = 232_448
 
@@ -159,9 +153,9 @@ def default_linear_config(out_features: int, in_features: int,
 
 @triton.jit(do_not_specialize=["num_rows", "num_prefetch"])
 def _linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, r_ptr, nw_ptr, stats_ptr, num_rows, N, K,
-    blocks_per_split, num_prefetch, eps, stride_xm, stride_rm, stride_sm, stride_wn, stride_om,
-    PROLOGUE: tl.constexpr, STATS_WIDTH: tl.constexpr, STATS_LOG2: tl.constexpr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, r_ptr, nw_ptr, h_ptr, num_rows, N, K,
+    blocks_per_split, num_prefetch, eps, stride_xm, stride_rm, stride_hm, stride_wn, stride_om,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
@@ -183,16 +177,15 @@ def _linear_kernel(
                           tl.minimum(last_block, first_block + num_prefetch), N, K, stride_wn,
                           BLOCK_K, PREFETCH_LINES, EPILOGUE)
     wait_for_inputs(USE_PDL)
-    if PROLOGUE == NORM:  # the rows' statistics: the canonical tree's last levels over
-        # the partial sums the GEMM before stored (prologues.py)
-        parts = tl.arange(0, STATS_WIDTH)
-        partials = tl.load(stats_ptr + rows[:, None] * stride_sm + parts[None, :],
-                           mask=row_mask[:, None] & (parts < tl.cdiv(K, 32))[None, :],
-                           other=0.0)
-        rstd = inverse_rms(tree_total(partials, BLOCK_M, STATS_WIDTH, STATS_LOG2), K, eps)
+    if PROLOGUE == NORM:  # every program needs its rows' statistics over all of K
+        store_rows = row_mask & ((tl.zeros([BLOCK_M], tl.int32) + pid_n + pid_k) == 0)
+        rstd = inverse_rms(sum_squares(  # one program per row block stores h
+            x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_xm, stride_rm, stride_hm,
+            K, HAS_RESIDUAL, BLOCK_M), K, eps)
     else:
         rstd = tl.zeros([BLOCK_M], tl.float32)  # unused
     x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
+    r_ptrs = r_ptr + rows[:, None] * stride_rm + ks[None, :]  # (BM, BK), NORM only
     w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # (BK, BN)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # EPILOGUE_SWIGLU only
@@ -208,7 +201,8 @@ def _linear_kernel(
             a_mask = row_mask[:, None] & k_mask[None, :]
             b_mask = col_mask[None, :] & k_mask[:, None]
         b = tl.load(w_ptrs + k0, mask=b_mask, other=0.0)
-        a = a_tile(x_ptrs + k0, nw_ptr + k0 + ks, a_mask, k_mask, rstd, K, PROLOGUE)
+        a = a_tile(x_ptrs + k0, r_ptrs + k0, nw_ptr + k0 + ks, a_mask, k_mask, rstd, K,
+                   PROLOGUE, HAS_RESIDUAL)
         if DOT_IEEE:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
@@ -223,9 +217,8 @@ def _linear_kernel(
     if EPILOGUE == EPILOGUE_SWIGLU:  # gate and up rounded as a stored gate_up would be
         dtype = out_ptr.dtype.element_ty
         acc = silu_times(acc.to(dtype), up_acc.to(dtype)).to(tl.float32)
-    _store_tile(acc, bias_ptr, out_ptr, part_ptr, r_ptr, stats_ptr, rows, cols, row_mask,
-                col_mask, pid_n, pid_k, num_rows, N, stride_om, stride_rm, stride_sm, HAS_BIAS,
-                SPLIT_K, EPILOGUE == EPILOGUE_RESIDUAL, BLOCK_M, BLOCK_N)
+    _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
+                num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -246,48 +239,25 @@ def _prefetch_weights(w_ptr, cols, col_mask, first_block, last_block, N, K, stri
 
 
 @triton.jit
-def _store_tile(acc, bias_ptr, out_ptr, part_ptr, r_ptr, stats_ptr, rows, cols, row_mask,
-                col_mask, pid_n, pid_k, num_rows, N, stride_om, stride_rm, stride_sm,
-                HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The (BM, BN) float32 tile: + bias, rounded to the output (+ the residual, with the
-    statistics: `_residual_epilogue`); or a split's partial."""
+def _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
+                num_rows, N, stride_om, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The (BM, BN) float32 tile: + bias, rounded to the output; or a split's partial."""
     mask = row_mask[:, None] & col_mask[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        out = acc.to(out_ptr.dtype.element_ty)
-        if RESIDUAL:
-            out = _residual_epilogue(out, r_ptr, stats_ptr, rows, cols, row_mask, mask, pid_n,
-                                     N, stride_rm, stride_sm, BLOCK_M, BLOCK_N)
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out, mask=mask)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         part = part_ptr + (pid_k * num_rows + rows[:, None]) * N + cols[None, :]
         tl.store(part, acc, mask=mask)
 
 
-@triton.jit
-def _residual_epilogue(out, r_ptr, stats_ptr, rows, cols, row_mask, mask, pid_n, N,
-                       stride_rm, stride_sm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out: a (BM, BN) tile of the GEMM's output in the model dtype -> h = out + residual
-    rounded (as `prologues.residual_sum`), storing the runs of STATS_CHUNK columns' sums of
-    squares of h at stats_ptr (rows, N / STATS_CHUNK): the subtrees the next norm's tree
-    is made of. BN is a multiple of STATS_CHUNK; columns past N are zeros."""
-    r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
-    h = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)
-    h32 = tl.where(mask, h.to(tl.float32), 0.0)
-    parts = pid_n * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
-    tl.store(stats_ptr + rows[:, None] * stride_sm + parts[None, :],
-             chunk_square_sums(h32, BLOCK_M, BLOCK_N),
-             mask=row_mask[:, None] & (parts * 32 < N)[None, :])
-    return h
-
-
 @triton.jit(do_not_specialize=["num_rows"])
 def _split_k_reduce_kernel(
-    part_ptr, bias_ptr, out_ptr, r_ptr, stats_ptr, num_rows, N, stride_om, stride_rm,
-    stride_sm, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-    RESIDUAL: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    part_ptr, bias_ptr, out_ptr, num_rows, N, stride_om,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -298,15 +268,7 @@ def _split_k_reduce_kernel(
         acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out = acc.to(out_ptr.dtype.element_ty)
-    if RESIDUAL:
-        rows = row + tl.arange(0, 1)
-        one = tl.full([1], True, tl.int1)
-        out = tl.reshape(_residual_epilogue(
-            tl.reshape(out, [1, BLOCK]), r_ptr, stats_ptr, rows, cols, one,
-            one[:, None] & mask[None, :], tl.program_id(1), N, stride_rm, stride_sm, 1,
-            BLOCK), [BLOCK])
-    tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
+    tl.store(out_ptr + row * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def dot_in_float32(x: Tensor) -> bool:
@@ -364,26 +326,18 @@ def pipeline_stages(config: LinearConfig, prologue: int, element_size: int) -> i
 
 def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
                   config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
-                  norm_weight: Tensor | None = None, stats: Tensor | None = None,
+                  norm_weight: Tensor | None = None, h: Tensor | None = None,
                   eps: float = 0.0, epilogue: int = 0) -> None:
     """Writes out (T, N) = A @ weight.T (+ bias) for checked operands, A being x after
-    `prologue` (prologues.py: 0 plain; 1 RMSNorm of x with norm_weight / eps, x's partial
-    sums of squares read from `stats` (T, cdiv(K, STATS_CHUNK)); 2 SwiGLU on x = [gate |
-    up]), then the `epilogue`: 1, out (T, N/2) = silu(gate) * up of a [gate | up] weight
-    (no split-K, no bias); 2, out = that + `residual` (T, N), h's partial sums of squares
-    written to `stats` (T, cdiv(N, STATS_CHUNK)). The K order is `config`'s whatever T."""
+    `prologue` (prologues.py: 0 plain, 1 norm with residual / norm_weight / eps, storing
+    x + residual in h, 2 SwiGLU on x = [gate | up]) and, with `epilogue` 1, out (T, N/2)
+    = silu(gate) * up of a [gate | up] weight (no split-K, no bias); the tiling is
+    `config` whatever T."""
     num_rows = x.shape[0]
     out_features, in_features = weight.shape
-    if epilogue == EPILOGUE_SWIGLU.value:
+    if epilogue:
         assert config.split_k == 1 and bias is None and out_features % 2 == 0
         out_features //= 2
-    residual_epilogue = epilogue == EPILOGUE_RESIDUAL.value
-    assert (residual is not None) == residual_epilogue, "a residual is the epilogue's"
-    assert (stats is not None) == (residual_epilogue or prologue == NORM.value), "stats"
-    assert not (residual_epilogue and prologue == NORM.value), "one use of stats a launch"
-    if residual_epilogue and config.block_n % STATS_CHUNK:  # whole runs per program (the
-        # output tile never moves a bit: only the K order does)
-        config = dataclasses.replace(config, block_n=STATS_CHUNK)
     if num_rows == 0:
         return
     k_blocks = triton.cdiv(in_features, config.block_k)
@@ -392,9 +346,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     part = (x.new_empty((split_k, num_rows, out_features), dtype=torch.float32)
             if split_k > 1 else out)
     bias_arg = bias if bias is not None else out
-    residual_arg = residual if residual is not None else out
-    stats_arg = stats if stats is not None else part
-    stats_width = triton.next_power_of_2(triton.cdiv(in_features, STATS_CHUNK))
+    source = residual if residual is not None else x
     pdl = use_pdl(x)
     # 128-byte lines per BLOCK_K of a weight row, for the prefetch of a dependent launch
     lines = (max(1, config.block_k * weight.element_size() // 128)
@@ -406,12 +358,11 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
             split_k)
     stages = pipeline_stages(config, prologue, x.element_size())
     _linear_kernel[grid](
-        x, weight, bias_arg, out, part, residual_arg,
-        norm_weight if norm_weight is not None else weight, stats_arg,
+        x, weight, bias_arg, out, part, source,
+        norm_weight if norm_weight is not None else weight, h if h is not None else out,
         num_rows, out_features, in_features, blocks_per_split, num_prefetch, eps, x.stride(0),
-        residual_arg.stride(0), stats_arg.stride(0) if stats is not None else 0,
-        weight.stride(0), out.stride(0), PROLOGUE=prologue, STATS_WIDTH=stats_width,
-        STATS_LOG2=stats_width.bit_length() - 1,
+        source.stride(0), h.stride(0) if h is not None else 0, weight.stride(0),
+        out.stride(0), PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None, SPLIT_K=split_k,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
@@ -421,9 +372,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     if split_k > 1:
         block = 1024
         _split_k_reduce_kernel[(num_rows, triton.cdiv(out_features, block))](
-            part, bias_arg, out, residual_arg, stats_arg, num_rows, out_features,
-            out.stride(0), residual_arg.stride(0),
-            stats_arg.stride(0) if stats is not None else 0,
-            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block,
-            RESIDUAL=residual_epilogue, USE_PDL=pdl, num_warps=4, **launch_kwargs(pdl),
+            part, bias_arg, out, num_rows, out_features, out.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, USE_PDL=pdl,
+            num_warps=4, **launch_kwargs(pdl),
         )

@@ -9,14 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
-from ddtree.kernels.prologues import (
-    STATS_CHUNK,
-    chunk_square_sums,
-    inverse_rms,
-    residual_sum,
-    rms_scale,
-    tree_total,
-)
+from ddtree.kernels.prologues import inverse_rms, residual_sum, rms_scale, sum_squares
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float,
@@ -35,21 +28,20 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float,
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, h_ptr, hidden, eps,
     stride_x, stride_r, stride_o, stride_h,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, LOG2_PARTS: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
+    # The statistics in the fixed order the GEMM's norm prologue uses (prologues.py),
+    # storing h on the way; then the whole row again for the output.
+    one = tl.full([1], True, tl.int1)
+    sum_sq = sum_squares(x_ptr, residual_ptr, h_ptr, row + tl.arange(0, 1), one, one,
+                         stride_x, stride_r, stride_h, hidden, HAS_RESIDUAL, 1, 16)
+    rstd = inverse_rms(sum_sq, hidden, eps)  # (1,)
     cols = tl.arange(0, BLOCK)
-    mask = cols < hidden  # the padding reads 0: the canonical tree's zero leaves
+    mask = cols < hidden
     h = residual_sum(x_ptr + row * stride_x + cols, residual_ptr + row * stride_r + cols,
                      mask, HAS_RESIDUAL)
-    if HAS_RESIDUAL:
-        tl.store(h_ptr + row * stride_h + cols, h, mask=mask)
-    # the whole row's tree in the order a GEMM's residual epilogue and the next GEMM's
-    # norm prologue share (prologues.py): runs of STATS_CHUNK columns, then their sums
-    parts = chunk_square_sums(tl.reshape(h.to(tl.float32), [1, BLOCK]), 1, BLOCK)
-    rstd = inverse_rms(tree_total(parts, 1, BLOCK // 32, LOG2_PARTS), hidden, eps)  # (1,)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rstd, weight), mask=mask)
 
@@ -71,14 +63,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float,
     h = x if residual is None else torch.empty_like(out)
     if num_rows == 0:
         return out, h
-    block = max(STATS_CHUNK, triton.next_power_of_2(hidden))
+    block = triton.next_power_of_2(hidden)
     source = residual if residual is not None else x
     pdl = use_pdl(x)
     _rms_norm_kernel[(num_rows,)](
         x, source, weight, out, h, hidden, eps,
         x.stride(0), source.stride(0), out.stride(0), h.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
-        LOG2_PARTS=(block // STATS_CHUNK).bit_length() - 1, USE_PDL=pdl,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, USE_PDL=pdl,
         num_warps=min(16, max(1, block // 512)), **launch_kwargs(pdl),
     )
     return out, h

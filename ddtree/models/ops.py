@@ -4,21 +4,18 @@ or to its plain-PyTorch reference on the CPU (ddtree/kernels/).
 `Backend.invariant` chooses the GEMM: the batch-invariant Triton matmul (every mode serves
 the ar tokens bit for bit in bf16) or the GEMM library (cuBLAS; faster at some shapes,
 but a row's result depends on how many rows share the call). Attention, norms and the
-QKV prologue are invariant by construction on both paths. `Backend.fused` folds each
-norm into the GEMMs around it (ddtree/kernels/fused_linear.py: same bits, no norm launch
-inside the stack): the o_proj and down GEMMs add the residual and store the sums of
-squares of the new residual stream (`Stream`), and the QKV and gate_up GEMMs normalise
-their A tiles from them. It applies only to the invariant Triton GEMM on one rank (a
-sharded layer all-reduces between the projection and the residual add). The fused
-prologues of the first version (each GEMM program summing its rows' squares itself)
-measured slower on the H200 (ar 604 vs 763 tok/s at batch 1, docs/performance.md).
-`Backend.swiglu_epilogue` (on) has the gate_up GEMM store silu(gate) * up itself
+QKV prologue are invariant by construction on both paths. `Backend.fused` folds the norm
+before the QKV and gate_up GEMMs and the SwiGLU before the down GEMM into those GEMMs
+(ddtree/kernels/fused_linear.py: same bits, three launches fewer per layer); it applies
+only to the invariant Triton GEMM, everything else runs the separate operations. It is
+OFF by default: on the H200 it measured slower (ar 604 vs 763 tok/s, tree@32 971 vs 1,117
+at batch 1, docs/performance.md), the per-program norm statistics lengthening every GEMM.
+`Backend.swiglu_epilogue` (on) has the gate_up GEMM store silu(gate) * up itself instead
 (`norm_swiglu_down`; an epilogue leaves the GEMM's main loop alone: faster on the H200).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +29,8 @@ from ddtree.models.meta import AttentionMeta
 @dataclass(frozen=True)
 class Backend:
     """kernels: run the Triton kernels (a GPU, or the interpreter in kernel tests);
-    invariant: batch-invariant GEMMs (only meaningful with kernels); fused: the norms
-    inside those GEMMs, and the SwiGLU before a lone down projection (`swiglu_down`)
-    (only meaningful with kernels and invariant);
+    invariant: batch-invariant GEMMs (only meaningful with kernels); fused: the norm and
+    SwiGLU prologues inside those GEMMs (only meaningful with kernels and invariant);
     tree_build: a drafter's trees from one kernel (ddtree.kernels.tree_build; only with
     kernels; the same trees as without); vocab_topk: its vocabulary top-K from two
     (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's);
@@ -80,40 +76,14 @@ def rms_norm(backend: Backend, x: Tensor, weight: Tensor, eps: float,
     return rmsnorm.rms_norm_reference(x, weight, eps, residual)
 
 
-@dataclass(frozen=True)
-class Stream:
-    """The residual stream where a norm comes next: the block's output `x` that the norm
-    adds to `residual` (None: x is the stream) - or, after a GEMM's residual epilogue
-    (`Backend.fused`), x is the stream already summed and `stats` its partial sums of
-    squares (fused_linear.residual_linear), residual None."""
-
-    x: Tensor
-    residual: Tensor | None = None
-    stats: Tensor | None = None
-
-
-def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
-                weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N), h), h the summed
-    residual stream (T, H): `rms_norm` then `linear`, in one GEMM after an epilogue."""
-    if stream.stats is not None:
-        return fused_linear.norm_linear(stream.x, stream.stats, norm_weight, eps, weight,
-                                        bias), stream.x
-    normed, h = rms_norm(backend, stream.x, norm_weight, eps, stream.residual)
+def norm_linear(backend: Backend, x: Tensor, residual: Tensor | None, norm_weight: Tensor,
+                eps: float, weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x, residual: (T, H); norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N),
+    h) with h = x + residual (or x): `rms_norm` then `linear`, in one GEMM when fused."""
+    if backend.fuses_prologues:
+        return fused_linear.norm_linear(x, residual, norm_weight, eps, weight, bias)
+    normed, h = rms_norm(backend, x, norm_weight, eps, residual)
     return linear(backend, normed, weight, bias), h
-
-
-def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None,
-                  residual: Tensor | None,
-                  reduce: Callable[[Tensor], Tensor] | None = None) -> Stream:
-    """A projection whose output joins the residual stream (o_proj, down): x (T, K),
-    weight (N, K), residual (T, N) -> the Stream for the next norm. `reduce` all-reduces
-    a sharded projection's output before the add (no epilogue then)."""
-    if backend.fuses_prologues and residual is not None and reduce is None:
-        h, stats = fused_linear.residual_linear(x, weight, bias, residual)
-        return Stream(h, None, stats)
-    out = linear(backend, x, weight, bias)
-    return Stream(reduce(out) if reduce is not None else out, residual)
 
 
 def rope_store(backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
@@ -144,32 +114,22 @@ def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
     return swiglu.silu_mul_reference(gate_up)
 
 
-def norm_swiglu_down(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
-                     gate_up_weight: Tensor, down_weight: Tensor,
-                     reduce: Callable[[Tensor], Tensor] | None = None) -> tuple[Stream, Tensor]:
-    """The MLP of a pre-norm block -> (the Stream after it: down(silu(gate) * up) of
-    rms_norm(h) joined to h, h (T, H) the stream before it). With the invariant kernels
-    and `Backend.swiglu_epilogue` the gate_up GEMM stores silu(gate) * up itself (same
-    bits, one launch fewer; fused_linear.linear_swiglu); with `fused` the norm is the
-    gate_up GEMM's prologue and the residual add the down GEMM's epilogue."""
-    epilogue = backend.kernels and backend.invariant and backend.swiglu_epilogue
-    config = (fused_linear.swiglu_epilogue_rows_config(gate_up_weight, stream.x.shape[0])
-              if epilogue else None)
-    if stream.stats is not None:
-        h = stream.x
+def norm_swiglu_down(backend: Backend, x: Tensor, residual: Tensor | None,
+                     norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
+                     down_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The MLP of a pre-norm block: x, residual (T, H) -> (down(silu(gate) * up) of
+    rms_norm(h) (T, H), h = x + residual). With the invariant kernels and
+    `Backend.swiglu_epilogue` the gate_up GEMM stores silu(gate) * up itself (same bits,
+    one launch fewer; fused_linear.linear_swiglu); with `fused` the norm and SwiGLU are
+    the GEMMs' prologues instead."""
+    if backend.kernels and backend.invariant and backend.swiglu_epilogue and not backend.fused:
+        config = fused_linear.swiglu_epilogue_rows_config(gate_up_weight, x.shape[0])
         if config is not None:
-            act = fused_linear.norm_linear(h, stream.stats, norm_weight, eps, gate_up_weight,
-                                           None, config, swiglu=True)
-        else:
-            act = silu_mul(backend, fused_linear.norm_linear(h, stream.stats, norm_weight,
-                                                             eps, gate_up_weight))
-    elif config is not None:
-        normed, h = rms_norm(backend, stream.x, norm_weight, eps, stream.residual)
-        act = fused_linear.linear_swiglu(normed, gate_up_weight, config)
-    else:
-        gate_up, h = norm_linear(backend, stream, norm_weight, eps, gate_up_weight)
-        act = silu_mul(backend, gate_up)
-    return join_residual(backend, act, down_weight, None, h, reduce), h
+            normed, h = rms_norm(backend, x, norm_weight, eps, residual)
+            return linear(backend, fused_linear.linear_swiglu(normed, gate_up_weight, config),
+                          down_weight), h
+    gate_up, h = norm_linear(backend, x, residual, norm_weight, eps, gate_up_weight)
+    return swiglu_down(backend, gate_up, down_weight), h
 
 
 def swiglu_down(backend: Backend, gate_up: Tensor, weight: Tensor,

@@ -622,34 +622,6 @@ case "${1:?call number}" in
   pack_all $1
   mark done
   ;;
-109)
-  # (after 0-3, carry .carry/g4) the norms fused into the GEMMs around them (the o_proj and
-  # down GEMMs add the residual and store its sums of squares, the QKV / gate_up GEMMs
-  # normalise from them; EngineConfig.fused_norms): the batch-1 table plain and fused
-  # beside transformers (every fused row against the plain ar tokens), then every mode
-  # against ar at c1 and c8 with the fused norms (exact stage)
-  [ -f $T/config.json ] || stage_target
-  mark "engine_bench speed plain, fused"
-  timeout 260 python3 scripts/gpu/engine_bench.py --stages speed \
-    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain,fused \
-    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
-  mark "exact, fused norms"
-  timeout 200 python3 scripts/gpu/engine_bench.py --stages exact --fused --target $T \
-    --humaneval $H 2>&1 | grep -E " c[18]: |Error|error" | grep -v Warn | tail -20
-  pack_all $1
-  mark done
-  ;;
-110)
-  # (warm after 109) the Qwen3-8B shapes with the fused norms and without, twice in turn
-  for f in fused no-fused fused no-fused; do
-    mark "shapes8b $f"
-    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b --$f --target $T \
-      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${f}_$(date +%s).json"
-  done
-  pack_all $1
-  mark done
-  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute

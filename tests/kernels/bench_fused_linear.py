@@ -1,10 +1,8 @@
 """Benchmark: the GEMMs with a fused prologue against their two separate kernels (what
-`Backend(fused=False)` runs; `norm_linear` is timed from the statistics a residual
-epilogue leaves, against RMSNorm of x + residual then the GEMM), at the demo target's
-shapes (SmolLM2-135M: hidden 576, MLP 1536) and the row counts of an ar step (1), a
-chain verify (8), a tree verify (64) and a batch of four trees (264). `ours_*` is the
-fused launch, `torch_*` the separate pair (both Triton). Run on a GPU:
-`python -m tests.kernels.bench_fused_linear`."""
+`Backend(fused=False)` runs), at the demo target's shapes (SmolLM2-135M: hidden 576, MLP
+1536) and the row counts of an ar step (1), a chain verify (8), a tree verify (64) and a
+batch of four trees (264). `ours_*` is the fused launch, `torch_*` the separate pair
+(both Triton). Run on a GPU: `python -m tests.kernels.bench_fused_linear`."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from functools import partial
 
 import torch
 
-from ddtree.kernels.fused_linear import norm_linear, stats_width, swiglu_down
+from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.matmul import invariant_linear
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.swiglu import silu_mul
@@ -29,7 +27,7 @@ ROW_COUNTS = (1, 8, 64, 264)
 def bench_norm_linear(device: torch.device, shapes: dict[str, tuple[int, int]] = NORM_LINEARS,
                       row_counts: tuple[int, ...] = ROW_COUNTS,
                       dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """norm_linear(h, stats, ...) vs rms_norm(x, residual) then invariant_linear."""
+    """norm_linear(x, residual, ...) vs rms_norm then invariant_linear."""
     rows = []
     for name, (out_features, hidden) in shapes.items():
         weights = _weights(out_features, hidden, dtype, device)
@@ -37,8 +35,7 @@ def bench_norm_linear(device: torch.device, shapes: dict[str, tuple[int, int]] =
         for num_rows in row_counts:
             x, residual = (torch.randn(num_rows, hidden, device=device).to(dtype)
                            for _ in range(2))
-            stats = torch.rand(num_rows, stats_width(hidden), device=device) + hidden
-            fused = partial(_fused_norm, x, stats, norm_weight)
+            fused = partial(_fused_norm, x, residual, norm_weight)
             separate = partial(_separate_norm, x, residual, norm_weight)
             moved = weights[0].numel() + num_rows * (3 * hidden + out_features)
             rows.append({"kernel": "norm_linear", "case": name, "T": num_rows,
@@ -63,9 +60,9 @@ def bench_swiglu_down(device: torch.device, shapes: dict[str, tuple[int, int]] =
     return rows
 
 
-def _fused_norm(h: torch.Tensor, stats: torch.Tensor, norm_weight: torch.Tensor,
+def _fused_norm(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                 weight: torch.Tensor) -> object:
-    return norm_linear(h, stats, norm_weight, 1e-6, weight)
+    return norm_linear(x, residual, norm_weight, 1e-6, weight)
 
 
 def _separate_norm(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,

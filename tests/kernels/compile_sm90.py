@@ -33,7 +33,7 @@ import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
 import ddtree.kernels.tree_build as tree_build
 import ddtree.kernels.vocab_topk as vocab_topk
-from ddtree.kernels.fused_linear import norm_linear, residual_linear, swiglu_down
+from ddtree.kernels.fused_linear import norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
 from ddtree.kernels.swiglu import silu_mul
@@ -105,12 +105,9 @@ def _launch_all() -> None:
         rope_store(qkv, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
                    num_heads, num_kv_heads, weight, weight)
     silu_mul(torch.randn(2, 2 * 1536).to(bf16))
-    for inner in (576, 1536):  # the demo target's residual epilogues (o_proj, down)
-        h, stats = residual_linear(torch.randn(3, inner).to(bf16),
-                                   torch.empty(576, inner, dtype=bf16), None,
-                                   torch.randn(3, 576).to(bf16))
-    for out_features in (960, 3072):  # its norm prologues (QKV, gate_up)
-        norm_linear(h, stats, h[0].clone(), 1e-6, torch.empty(out_features, 576, dtype=bf16))
+    for out_features in (960, 3072):  # the demo target's fused prologues
+        x = torch.randn(3, 576).to(bf16)
+        norm_linear(x, x.clone(), x[0].clone(), 1e-6, torch.empty(out_features, 576, dtype=bf16))
     swiglu_down(torch.randn(3, 2 * 1536).to(bf16), torch.empty(576, 1536, dtype=bf16))
     for num_nodes in (32, 128):  # the demo drafter's 15 depths, two tree sizes
         logp = torch.randn(2, 15, 49152).log_softmax(-1)

@@ -1,11 +1,9 @@
-"""GEMMs with a fused prologue or epilogue: `residual_linear` (the residual add and the
-next norm's partial sums of squares in the epilogue) and `norm_linear` (RMSNorm from those
-sums in the prologue) equal the linear, the RMSNorm kernel and the linear bitwise, and
-`swiglu_down` equals silu_mul then the linear, across K-block and split-K boundaries and
-ragged sizes; a row's result does not depend on the batch; all match their float64
-references; a target gives the same logits and features fused or not. The SwiGLU
-epilogue (`linear_swiglu`: the gate_up GEMM storing silu(gate) * up) equals the GEMM then
-silu_mul bitwise, is batch invariant and leaves a target's outputs unchanged."""
+"""GEMMs with a fused prologue: `norm_linear` equals the RMSNorm kernel then the invariant
+linear, and `swiglu_down` equals silu_mul then the linear, bitwise (h too), across K-block
+and split-K boundaries and ragged sizes; a row's result does not depend on the batch; both
+match their float64 references; a target gives the same logits and features fused or not.
+The SwiGLU epilogue (`linear_swiglu`: the gate_up GEMM storing silu(gate) * up) equals the
+GEMM then silu_mul bitwise, is batch invariant and leaves a target's outputs unchanged."""
 
 from __future__ import annotations
 
@@ -19,9 +17,7 @@ from ddtree.kernels.fused_linear import (
     linear_swiglu_reference,
     norm_linear,
     norm_linear_reference,
-    residual_linear,
-    residual_linear_reference,
-    stats_width,
+    norm_linear_with_config,
     swiglu_down,
     swiglu_down_reference,
     swiglu_down_with_config,
@@ -34,19 +30,20 @@ from ddtree.models.ops import Backend
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
 from tests.kernels.test_matmul import SPLIT_3, SPLIT_3_FP32  # K = 320: 4, 4, 2 blocks
-from tests.kernels.test_rmsnorm import canonical_sum_squares
 
 EPS = 1e-6
 
-# A residual GEMM (H, K) feeding a norm GEMM (N, H): (name: H, K, N, dtype, bias, the
-# residual GEMM's config or None for linear_config's)
-CHAIN_CASES = {
-    "bf16-split-k-bias": (80, 320, 48, torch.bfloat16, True, SPLIT_3),
-    "fp32-split-k": (48, 320, 40, torch.float32, False, SPLIT_3_FP32),
-    "fp16-ragged-hidden": (100, 72, 40, torch.float16, True, None),  # H not a run multiple
-    "bf16-narrow-tiles": (96, 64, 48, torch.bfloat16, False, LinearConfig(64, 16, 32, 1, 4, 2)),
-    "bf16-demo-o-qkv": (576, 576, 960, torch.bfloat16, False, None),
-    "bf16-demo-down-tuned-split": (576, 1536, 960, torch.bfloat16, False, None),
+# (name, N, K, dtype, residual, bias, config or None for linear_config's). K is H for the
+# norm, I for SwiGLU (x is then (T, 2I)).
+NORM_CASES = {
+    "bf16-split-k-residual-bias": (80, 320, torch.bfloat16, True, True, SPLIT_3),
+    "fp32-split-k-no-residual": (48, 320, torch.float32, False, True, SPLIT_3_FP32),
+    "fp16-ragged-residual": (40, 100, torch.float16, True, False, None),
+    "bf16-ragged-own-config": (72, 200, torch.bfloat16, True, True, None),
+    "bf16-demo-qkv": (960, 576, torch.bfloat16, True, False, None),
+    # 33 chunks of 64: the norm kernel's groups of 16 chunks (the last ragged) against the
+    # prologue's chunk after chunk, bitwise
+    "fp16-norm-groups-ragged": (40, 2100, torch.float16, True, False, None),
 }
 SWIGLU_CASES = {
     "bf16-split-k": (80, 320, torch.bfloat16, False, False, SPLIT_3),
@@ -69,82 +66,12 @@ def make(case: tuple, x_width: int, seed: int) -> tuple:
     return x, residual, norm_weight, weight, bias, config
 
 
-@pytest.fixture(params=list(CHAIN_CASES), scope="module")
-def chain(request: pytest.FixtureRequest) -> dict:
-    hidden, inner, out_features, dtype, has_bias, config = CHAIN_CASES[request.param]
-    gen = torch.Generator().manual_seed(hidden + inner)
-    p = {"x": (2 * torch.randn(ROWS, inner, generator=gen)).to(dtype),
-         "residual": torch.randn(ROWS, hidden, generator=gen).to(dtype),
-         "w_res": (torch.randn(hidden, inner, generator=gen) / 10).to(dtype),
-         "b_res": torch.randn(hidden, generator=gen).to(dtype) if has_bias else None,
-         "config": config,
-         "norm_weight": (1 + torch.randn(hidden, generator=gen) / 5).to(dtype),
-         "w_out": (torch.randn(out_features, hidden, generator=gen) / 10).to(dtype),
-         "b_out": torch.randn(out_features, generator=gen).to(dtype) if has_bias else None}
-    p["h"], p["stats"] = residual_linear(p["x"], p["w_res"], p["b_res"], p["residual"],
-                                         config)
-    p["out"] = norm_linear(p["h"], p["stats"], p["norm_weight"], EPS, p["w_out"], p["b_out"])
-    return p
-
-
-def test_the_residual_epilogue_equals_the_linear_then_the_norms_sum(chain: dict) -> None:
-    plain = linear_with_config(chain["x"], chain["w_res"], chain["b_res"], None,
-                               chain["config"] or linear_config(*chain["w_res"].shape,
-                                                                chain["x"].dtype))
-    _, expected_h = rms_norm(plain, chain["norm_weight"], EPS, chain["residual"])
-    assert torch.equal(chain["h"], expected_h)
-
-
-def test_the_residual_epilogue_stores_the_canonical_subtrees(chain: dict) -> None:
-    h = chain["h"].float()
-    hidden = h.shape[1]
-    assert chain["stats"].shape == (ROWS, stats_width(hidden))
-    padded = torch.zeros(ROWS, stats_width(hidden) * 32)
-    padded[:, :hidden] = h
-    for run in range(stats_width(hidden)):
-        expected = canonical_sum_squares(padded[:, run * 32:(run + 1) * 32])
-        assert torch.equal(chain["stats"][:, run], expected), run
-
-
-def test_norm_linear_equals_the_norm_kernel_then_the_linear(chain: dict) -> None:
-    # the prologue's tree over the epilogue's runs is the norm kernel's whole-row tree
-    normed, _ = rms_norm(chain["h"], chain["norm_weight"], EPS)
-    w_out = chain["w_out"]
-    config = linear_config(w_out.shape[0], w_out.shape[1], w_out.dtype)
-    assert torch.equal(chain["out"], linear_with_config(normed, w_out, chain["b_out"], None,
-                                                        config))
-
-
-@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (3, 5), (17, 60), (65, 3)])
-def test_the_chain_rows_do_not_depend_on_the_batch(chain: dict, num_rows: int,
-                                                   offset: int) -> None:
-    rows = slice(offset, offset + num_rows)
-    h, stats = residual_linear(chain["x"][rows], chain["w_res"], chain["b_res"],
-                               chain["residual"][rows], chain["config"])
-    assert torch.equal(h, chain["h"][rows]) and torch.equal(stats, chain["stats"][rows])
-    out = norm_linear(h, stats, chain["norm_weight"], EPS, chain["w_out"], chain["b_out"])
-    assert torch.equal(out, chain["out"][rows])
-
-
-def test_the_chain_matches_the_float64_reference(chain: dict) -> None:
-    assert_close_in_norm(chain["h"], residual_linear_reference(
-        chain["x"], chain["w_res"], chain["b_res"], chain["residual"]))
-    assert_close_in_norm(chain["out"], norm_linear_reference(
-        chain["h"], chain["norm_weight"], EPS, chain["w_out"], chain["b_out"]))
-
-
-def test_the_norm_prologue_with_the_swiglu_epilogue_equals_the_separate_kernels() -> None:
-    gen = torch.Generator().manual_seed(5)
-    x, residual = (torch.randn(ROWS, 576, generator=gen).to(torch.bfloat16) for _ in range(2))
-    weight = (torch.randn(576, 576, generator=gen) / 10).to(torch.bfloat16)
-    gate_up = (torch.randn(3072, 576, generator=gen) / 10).to(torch.bfloat16)
-    norm_weight = (1 + torch.randn(576, generator=gen) / 5).to(torch.bfloat16)
-    h, stats = residual_linear(x, weight, None, residual)
-    config = swiglu_epilogue_config(gate_up)
-    assert config is not None
-    out = norm_linear(h, stats, norm_weight, EPS, gate_up, None, config, swiglu=True)
-    normed, _ = rms_norm(h, norm_weight, EPS)
-    assert torch.equal(out, linear_swiglu(normed, gate_up, config))
+@pytest.fixture(params=list(NORM_CASES), scope="module")
+def norm_problem(request: pytest.FixtureRequest) -> tuple:
+    case = NORM_CASES[request.param]
+    x, residual, norm_weight, weight, bias, config = make(case, case[1], 1)
+    whole = norm_linear_with_config(x, residual, norm_weight, EPS, weight, bias, config)
+    return x, residual, norm_weight, weight, bias, config, whole
 
 
 @pytest.fixture(params=list(SWIGLU_CASES), scope="module")
@@ -152,6 +79,31 @@ def swiglu_problem(request: pytest.FixtureRequest) -> tuple:
     case = SWIGLU_CASES[request.param]
     gate_up, _, _, weight, bias, config = make(case, 2 * case[1], 2)
     return gate_up, weight, bias, config, swiglu_down_with_config(gate_up, weight, bias, config)
+
+
+def test_norm_linear_equals_the_norm_kernel_then_the_linear(norm_problem: tuple) -> None:
+    x, residual, norm_weight, weight, bias, config, (out, h) = norm_problem
+    normed, expected_h = rms_norm(x, norm_weight, EPS, residual)
+    assert torch.equal(h, expected_h)
+    assert torch.equal(out, linear_with_config(normed, weight, bias, None, config))
+
+
+@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (3, 5), (17, 60), (65, 3)])
+def test_norm_linear_rows_do_not_depend_on_the_batch(norm_problem: tuple, num_rows: int,
+                                                     offset: int) -> None:
+    x, residual, norm_weight, weight, bias, config, (out, h) = norm_problem
+    rows = slice(offset, offset + num_rows)
+    part = residual[rows] if residual is not None else None
+    part_out, part_h = norm_linear_with_config(x[rows], part, norm_weight, EPS, weight, bias,
+                                               config)
+    assert torch.equal(part_out, out[rows]) and torch.equal(part_h, h[rows])
+
+
+def test_norm_linear_matches_the_float64_reference(norm_problem: tuple) -> None:
+    x, residual, norm_weight, weight, bias, _, (out, h) = norm_problem
+    expected, expected_h = norm_linear_reference(x, residual, norm_weight, EPS, weight, bias)
+    assert_close_in_norm(out, expected)
+    assert_close_in_norm(h, expected_h)
 
 
 def test_swiglu_down_equals_silu_mul_then_the_linear(swiglu_problem: tuple) -> None:
@@ -179,11 +131,11 @@ def assert_close_in_norm(out: torch.Tensor, expected: torch.Tensor) -> None:
     assert error < (1e-5 if out.dtype == torch.float32 else 1e-2), error
 
 
-def test_empty_batches_work() -> None:
-    weight, residual = torch.randn(16, 64), torch.randn(0, 16)
-    h, stats = residual_linear(torch.randn(0, 64), weight, None, residual)
-    assert h.shape == (0, 16) and stats.shape == (0, 1)
-    assert norm_linear(h, stats, torch.ones(16), EPS, torch.randn(8, 16)).shape == (0, 8)
+def test_without_residual_h_is_the_input_and_empty_batches_work() -> None:
+    x, weight = torch.randn(3, 64), torch.randn(16, 64)
+    assert norm_linear(x, None, torch.ones(64), EPS, weight)[1] is x
+    out, h = norm_linear(x[:0], x[:0], torch.ones(64), EPS, weight)
+    assert out.shape == (0, 16) and h.shape == (0, 64)
     assert swiglu_down(torch.randn(0, 64), torch.randn(16, 32)).shape == (0, 16)
 
 
@@ -191,12 +143,10 @@ def test_rejects_malformed_arguments() -> None:
     weight = torch.randn(16, 32)
     with pytest.raises(AssertionError):
         swiglu_down(torch.randn(2, 32), weight)  # gate_up must be (T, 2I)
-    with pytest.raises(AssertionError):  # the residual is (T, N)
-        residual_linear(torch.randn(2, 32), weight, None, torch.randn(2, 32))
-    with pytest.raises(AssertionError):  # stats of another width
-        norm_linear(torch.randn(2, 32), torch.zeros(2, 2), torch.ones(32), EPS, weight)
-    with pytest.raises(AssertionError):  # the norm weight's width
-        norm_linear(torch.randn(2, 32), torch.zeros(2, 1), torch.ones(16), EPS, weight)
+    with pytest.raises(AssertionError):
+        norm_linear(torch.randn(2, 32), None, torch.ones(16), EPS, weight)
+    with pytest.raises(AssertionError):
+        norm_linear(torch.randn(2, 32), torch.randn(2, 32).half(), torch.ones(32), EPS, weight)
 
 
 # The SwiGLU epilogue: (2I, K) [gate | up] weights, x (T, K); config None = the tuned or
@@ -259,8 +209,7 @@ def test_no_epilogue_where_the_weight_splits_k() -> None:
 
 # Each fusion against the separate kernels (no prologue, no epilogue).
 SEPARATE = Backend(kernels=True, swiglu_epilogue=False)
-FUSIONS = {"fused norms": Backend(kernels=True, fused=True, swiglu_epilogue=False),
-           "fused norms and SwiGLU epilogue": Backend(kernels=True, fused=True),
+FUSIONS = {"fused prologues": Backend(kernels=True, fused=True, swiglu_epilogue=False),
            "SwiGLU epilogue": Backend(kernels=True, swiglu_epilogue=True)}
 
 
