@@ -48,7 +48,10 @@ class EngineConfig:
     for right after its harvest, so the drafter drafts while the host delivers, admits
     and launches (Engine._send_ahead);
     swiglu_epilogue: the gate_up GEMM stores silu(gate) * up itself (same bits as the GEMM
-    then silu_mul, one launch fewer per layer; the target's layers and a local drafter's)."""
+    then silu_mul, one launch fewer per layer; the target's layers and a local drafter's);
+    reduce_norms: the norm after o_proj / down (and the residual add) runs in that GEMM's
+    split-K reduce kernel where its tiling splits K (same bits, one launch fewer each;
+    the target's layers and a local drafter's; `ops.join_residual`)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -66,6 +69,7 @@ class EngineConfig:
     alternate: bool = False
     send_ahead: bool = True
     swiglu_epilogue: bool = True
+    reduce_norms: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

@@ -99,10 +99,12 @@ class Engine:
         self.device, dtype = weight.device, weight.dtype
         target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant,
                                  fused=config.fused_prologues,
-                                 swiglu_epilogue=config.swiglu_epilogue)
+                                 swiglu_epilogue=config.swiglu_epilogue,
+                                 reduce_norms=config.reduce_norms)
         if isinstance(drafting, LocalDrafter):
             drafting.backend = dataclasses.replace(drafting.backend,
-                                                   swiglu_epilogue=config.swiglu_epilogue)
+                                                   swiglu_epilogue=config.swiglu_epilogue,
+                                                   reduce_norms=config.reduce_norms)
         depth = drafting.block_size - 1 if drafting is not None else 0
         self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)
         self.pool: KVPool = target.new_pool(self.plan.num_slots + 1, self.plan.max_len)

@@ -1,8 +1,11 @@
-"""The invariant GEMM with the operation before it fused in as a prologue (one launch
-instead of two, the A tile built in registers; ddtree/kernels/prologues.py):
+"""The invariant GEMM with the operation before or after it fused in (one launch instead of
+two; a prologue builds the A tile in registers, ddtree/kernels/prologues.py):
 
 - `norm_linear`: RMSNorm with the residual add, then a projection (QKV, gate_up);
-- `swiglu_down`: silu(gate) * up of a [gate | up] tensor, then the down projection.
+- `swiglu_down`: silu(gate) * up of a [gate | up] tensor, then the down projection;
+- `linear_norm`: a projection whose output joins the residual stream (o_proj, down), then
+  the RMSNorm of the new stream, in the split-K GEMM's reduce kernel (an epilogue: the
+  GEMM's main loop is the plain one).
 
 Each equals its two separate kernels bitwise (same rounding steps, the same fixed order
 for the norm's sum of squares) and keeps the batch invariance of `invariant_linear`: the
@@ -24,6 +27,7 @@ from ddtree.kernels.matmul import (
     launch_linear,
     linear_config,
     linear_reference,
+    splits_of,
 )
 from ddtree.kernels.prologues import NORM, SWIGLU
 from ddtree.kernels.rmsnorm import rms_norm_reference
@@ -71,6 +75,31 @@ def norm_linear_with_config(x: Tensor, residual: Tensor | None, norm_weight: Ten
     launch_linear(x, weight, bias, out, config, NORM.value, residual, norm_weight,
                   h if residual is not None else None, eps)
     return out, h
+
+
+def linear_norm(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor,
+                norm_weight: Tensor, eps: float,
+                config: LinearConfig | None = None) -> tuple[Tensor, Tensor] | None:
+    """A projection whose output joins the residual stream, with the RMSNorm after it:
+    x (T, K), weight (N, K), bias (N,), residual (T, N), norm_weight (N,) in x's dtype ->
+    (normed, h) = `rms_norm(invariant_linear(x, weight, bias), norm_weight, eps,
+    residual)`, bitwise, the norm in the GEMM's split-K reduce (one launch fewer); None
+    where the tiling (`config`, default the weight's for T rows) does not split K."""
+    config = config or linear_config(weight.shape[0], weight.shape[1], weight.dtype,
+                                     x.shape[0])
+    if splits_of(config, weight.shape[1]) == 1:
+        return None
+    check_operands(x, weight, bias, weight.shape[1])
+    width = weight.shape[0]
+    assert residual.shape == (x.shape[0], width) and residual.stride(1) == 1, residual.shape
+    assert residual.dtype == x.dtype and residual.device == x.device, residual.dtype
+    assert norm_weight.shape == (width,) and norm_weight.is_contiguous(), norm_weight.shape
+    assert norm_weight.dtype == x.dtype and norm_weight.device == x.device, norm_weight.dtype
+    h = x.new_empty((x.shape[0], width))
+    normed = torch.empty_like(h)
+    launch_linear(x, weight, bias, h, config, eps=eps,
+                  norm_after=(residual, norm_weight, normed))
+    return normed, h
 
 
 def swiglu_down(gate_up: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -34,6 +34,7 @@ from ddtree.kernels.prologues import (
     SWIGLU,
     a_tile,
     inverse_rms,
+    rms_scale,
     silu_times,
     sum_squares,
 )
@@ -255,10 +256,15 @@ def _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _split_k_reduce_kernel(
-    part_ptr, bias_ptr, out_ptr, num_rows, N, stride_om,
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, num_rows, N, eps, stride_om, stride_rm,
+    stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+    NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
+    """The splits' partials summed in split order (+ bias), rounded to the output. With
+    NORM (one program per row, BLOCK >= N) the RMSNorm after the projection too: out gets
+    h = out + residual (the residual stream) and y the normed h, the steps and the order
+    of `rmsnorm._rms_norm_kernel` (the statistics read back from h as that kernel reads
+    them): the same bits as the GEMM then `rms_norm(out, norm_weight, eps, residual)`."""
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -268,7 +274,20 @@ def _split_k_reduce_kernel(
         acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    out = acc.to(out_ptr.dtype.element_ty)
+    if NORM:
+        r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0)
+        out = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)  # as `residual_sum`
+        tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
+        tl.debug_barrier()  # this program's stores of h visible to all its threads
+        one = tl.full([1], True, tl.int1)
+        sum_sq = sum_squares(out_ptr, out_ptr, out_ptr, row + tl.arange(0, 1), one, one,
+                             stride_om, stride_om, stride_om, N, False, 1, 16)
+        weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
+        tl.store(y_ptr + row * stride_ym + cols,
+                 rms_scale(out, inverse_rms(sum_sq, N, eps), weight), mask=mask)
+    else:
+        tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
 
 
 def dot_in_float32(x: Tensor) -> bool:
@@ -324,15 +343,24 @@ def pipeline_stages(config: LinearConfig, prologue: int, element_size: int) -> i
     return max(2, min(config.num_stages, room // stage_bytes))
 
 
+def splits_of(config: LinearConfig, in_features: int) -> int:
+    """The K splits a launch of `config` makes over `in_features` (none empty)."""
+    k_blocks = triton.cdiv(in_features, config.block_k)
+    return triton.cdiv(k_blocks, triton.cdiv(k_blocks, config.split_k))
+
+
 def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
                   config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
                   norm_weight: Tensor | None = None, h: Tensor | None = None,
-                  eps: float = 0.0, epilogue: int = 0) -> None:
+                  eps: float = 0.0, epilogue: int = 0,
+                  norm_after: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
     """Writes out (T, N) = A @ weight.T (+ bias) for checked operands, A being x after
     `prologue` (prologues.py: 0 plain, 1 norm with residual / norm_weight / eps, storing
     x + residual in h, 2 SwiGLU on x = [gate | up]) and, with `epilogue` 1, out (T, N/2)
     = silu(gate) * up of a [gate | up] weight (no split-K, no bias); the tiling is
-    `config` whatever T."""
+    `config` whatever T. `norm_after` = (residual, norm_weight, y) with a tiling that
+    splits K: the reduce kernel also adds the residual (out gets h) and writes y =
+    RMSNorm(h) (`eps`), one program per row (`_split_k_reduce_kernel`)."""
     num_rows = x.shape[0]
     out_features, in_features = weight.shape
     if epilogue:
@@ -342,7 +370,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         return
     k_blocks = triton.cdiv(in_features, config.block_k)
     blocks_per_split = triton.cdiv(k_blocks, config.split_k)
-    split_k = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
+    split_k = splits_of(config, in_features)
     part = (x.new_empty((split_k, num_rows, out_features), dtype=torch.float32)
             if split_k > 1 else out)
     bias_arg = bias if bias is not None else out
@@ -370,9 +398,13 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         num_stages=stages, **launch_kwargs(pdl),
     )
     if split_k > 1:
-        block = 1024
+        block = 1024 if norm_after is None else triton.next_power_of_2(out_features)
+        r_arg, nw_arg, y_arg = norm_after if norm_after is not None else (out, out, out)
         _split_k_reduce_kernel[(num_rows, triton.cdiv(out_features, block))](
-            part, bias_arg, out, num_rows, out_features, out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, USE_PDL=pdl,
-            num_warps=4, **launch_kwargs(pdl),
+            part, bias_arg, out, r_arg, nw_arg, y_arg, num_rows, out_features, eps,
+            out.stride(0), r_arg.stride(0), y_arg.stride(0), HAS_BIAS=bias is not None,
+            SPLIT_K=split_k, BLOCK=block, NORM=norm_after is not None, USE_PDL=pdl,
+            num_warps=4 if block <= 1024 else min(16, block // 512), **launch_kwargs(pdl),
         )
+    else:
+        assert norm_after is None, "the norm rides on the reduce of a split-K tiling"

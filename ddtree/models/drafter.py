@@ -84,14 +84,14 @@ class DraftAttention(nn.Module):
     def forward_pool(self, backend: Backend, qkv: Tensor, meta: AttentionMeta,
                      inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """Inference: qkv (T, (Hq+2Hkv)*D), the fused projection of the normed block rows
-        (`ops.norm_linear` with `qkv_weight`) -> (T, H); the block's K/V are written past
-        each row's context (scratch) and attended together with the context."""
+        (`ops.norm_linear` with `qkv_weight`) -> the attention's output (T, Hq*D), o_proj's
+        input (`ops.join_residual`); the block's K/V are written past each row's context
+        (scratch) and attended together with the context."""
         q = ops.rope_store(backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads,
                            self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
                            self.q_norm.eps)  # (T, Hq, D)
         out = ops.attention(backend, q, k_cache, v_cache, meta, self.head_dim ** -0.5)
-        return ops.linear(backend, out.reshape(qkv.shape[0], -1), self.o_proj.weight,
-                          self.o_proj.bias)
+        return out.reshape(qkv.shape[0], -1)
 
     def forward(self, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
                 visible: Tensor) -> Tensor:
@@ -196,21 +196,27 @@ class DFlashDrafter(nn.Module):
         meta = block_meta(slots, context_len, block_size, pool.max_len)
         x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
         x = x.reshape(batch * block_size, -1)  # (T, H)
-        residual: Tensor | None = None
+        stream = ops.Stream(x)
         inv_freq = self.rotary.inv_freq
-        for i, module in enumerate(self.layers):
-            layer = cast(DraftLayer, module)
+        layers = [cast(DraftLayer, module) for module in self.layers]
+        # the norm after each block's last projection (the next layer's, or the final one)
+        after = [(layer.input_layernorm.weight, layer.input_layernorm.eps)
+                 for layer in layers[1:]] + [(self.norm.weight, self.norm.eps)]
+        for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             assert attn.qkv_weight is not None and mlp.gate_up_weight is not None, \
                 "call DFlashDrafter.fuse_weights() first"
             norm = layer.input_layernorm
-            qkv, residual = ops.norm_linear(backend, x, residual, norm.weight, norm.eps,
+            qkv, residual = ops.norm_linear(backend, stream, norm.weight, norm.eps,
                                             attn.qkv_weight, attn.qkv_bias)
-            x = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i])
+            out = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i])
             norm = layer.post_attention_layernorm
-            x, residual = ops.norm_swiglu_down(backend, x, residual, norm.weight, norm.eps,
-                                               mlp.gate_up_weight, mlp.down_proj.weight)
-        h, _ = ops.rms_norm(backend, x, self.norm.weight, self.norm.eps, residual)
+            stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,
+                                       residual, (norm.weight, norm.eps))
+            stream, _ = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
+                                             mlp.gate_up_weight, mlp.down_proj.weight,
+                                             after[i])
+        h, _ = ops.normalize(backend, stream, self.norm.weight, self.norm.eps)
         h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)
         return logits.view(batch, block_size - 1, -1)

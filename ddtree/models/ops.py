@@ -12,10 +12,13 @@ OFF by default: on the H200 it measured slower (ar 604 vs 763 tok/s, tree@32 971
 at batch 1, docs/performance.md), the per-program norm statistics lengthening every GEMM.
 `Backend.swiglu_epilogue` (on) has the gate_up GEMM store silu(gate) * up itself instead
 (`norm_swiglu_down`; an epilogue leaves the GEMM's main loop alone: faster on the H200).
+`Backend.reduce_norms` (on) runs the norm after a projection that joins the residual
+stream (o_proj, down) in that GEMM's split-K reduce, where its tiling splits K (`Stream`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +37,8 @@ class Backend:
     tree_build: a drafter's trees from one kernel (ddtree.kernels.tree_build; only with
     kernels; the same trees as without); vocab_topk: its vocabulary top-K from two
     (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's);
+    reduce_norms: the norm after o_proj / down in that GEMM's split-K reduce kernel
+    (`join_residual`; only with kernels and invariant; the same bits as without);
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
     invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
@@ -42,6 +47,7 @@ class Backend:
     invariant: bool = True
     fused: bool = False
     swiglu_epilogue: bool = True
+    reduce_norms: bool = True
     tree_build: bool = True
     vocab_topk: bool = True
     attn_tiles: tuple[int, int, int] | None = None  # tree attention's (BLOCK_N, warps,
@@ -76,14 +82,53 @@ def rms_norm(backend: Backend, x: Tensor, weight: Tensor, eps: float,
     return rmsnorm.rms_norm_reference(x, weight, eps, residual)
 
 
-def norm_linear(backend: Backend, x: Tensor, residual: Tensor | None, norm_weight: Tensor,
-                eps: float, weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """x, residual: (T, H); norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N),
-    h) with h = x + residual (or x): `rms_norm` then `linear`, in one GEMM when fused."""
-    if backend.fuses_prologues:
-        return fused_linear.norm_linear(x, residual, norm_weight, eps, weight, bias)
-    normed, h = rms_norm(backend, x, norm_weight, eps, residual)
+@dataclass(frozen=True)
+class Stream:
+    """The residual stream where a norm comes next: the block's output `x` that the norm
+    adds to `residual` (None: x is the stream) - or, where the projection before it ran
+    the norm in its reduce kernel (`join_residual`), x is the stream already summed and
+    `normed` the norm's output (residual None)."""
+
+    x: Tensor
+    residual: Tensor | None = None
+    normed: Tensor | None = None
+
+
+def normalize(backend: Backend, stream: Stream, norm_weight: Tensor,
+              eps: float) -> tuple[Tensor, Tensor]:
+    """-> (rms_norm(h) (T, H), h), h the summed stream: computed, or taken from the reduce
+    kernel that already ran this norm."""
+    if stream.normed is not None:
+        return stream.normed, stream.x
+    return rms_norm(backend, stream.x, norm_weight, eps, stream.residual)
+
+
+def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
+                weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N), h), h the summed
+    residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused."""
+    if backend.fuses_prologues and stream.normed is None:
+        return fused_linear.norm_linear(stream.x, stream.residual, norm_weight, eps, weight,
+                                        bias)
+    normed, h = normalize(backend, stream, norm_weight, eps)
     return linear(backend, normed, weight, bias), h
+
+
+def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None,
+                  residual: Tensor, next_norm: tuple[Tensor, float] | None,
+                  reduce: Callable[[Tensor], Tensor] | None = None) -> Stream:
+    """A projection whose output joins the residual stream (o_proj, down): x (T, K),
+    weight (N, K), residual (T, N) -> the Stream for the next norm, `next_norm` = (its
+    weight, eps). With `Backend.reduce_norms` and a tiling that splits K the GEMM's reduce
+    kernel adds the residual and runs that norm (fused_linear.linear_norm, same bits).
+    `reduce` all-reduces a sharded projection's output before the add (no fusion)."""
+    if (backend.kernels and backend.invariant and backend.reduce_norms and reduce is None
+            and next_norm is not None):
+        fused = fused_linear.linear_norm(x, weight, bias, residual, *next_norm)
+        if fused is not None:
+            return Stream(fused[1], None, fused[0])
+    out = linear(backend, x, weight, bias)
+    return Stream(reduce(out) if reduce is not None else out, residual)
 
 
 def rope_store(backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
@@ -114,22 +159,27 @@ def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
     return swiglu.silu_mul_reference(gate_up)
 
 
-def norm_swiglu_down(backend: Backend, x: Tensor, residual: Tensor | None,
-                     norm_weight: Tensor, eps: float, gate_up_weight: Tensor,
-                     down_weight: Tensor) -> tuple[Tensor, Tensor]:
-    """The MLP of a pre-norm block: x, residual (T, H) -> (down(silu(gate) * up) of
-    rms_norm(h) (T, H), h = x + residual). With the invariant kernels and
+def norm_swiglu_down(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
+                     gate_up_weight: Tensor, down_weight: Tensor,
+                     next_norm: tuple[Tensor, float] | None,
+                     reduce: Callable[[Tensor], Tensor] | None = None) -> tuple[Stream, Tensor]:
+    """The MLP of a pre-norm block -> (the Stream after it: down(silu(gate) * up) of
+    rms_norm(h) joined to h, h (T, H) the stream before it). With the invariant kernels and
     `Backend.swiglu_epilogue` the gate_up GEMM stores silu(gate) * up itself (same bits,
     one launch fewer; fused_linear.linear_swiglu); with `fused` the norm and SwiGLU are
-    the GEMMs' prologues instead."""
+    the GEMMs' prologues instead. `next_norm`: as `join_residual`'s."""
     if backend.kernels and backend.invariant and backend.swiglu_epilogue and not backend.fused:
-        config = fused_linear.swiglu_epilogue_rows_config(gate_up_weight, x.shape[0])
+        config = fused_linear.swiglu_epilogue_rows_config(gate_up_weight, stream.x.shape[0])
         if config is not None:
-            normed, h = rms_norm(backend, x, norm_weight, eps, residual)
-            return linear(backend, fused_linear.linear_swiglu(normed, gate_up_weight, config),
-                          down_weight), h
-    gate_up, h = norm_linear(backend, x, residual, norm_weight, eps, gate_up_weight)
-    return swiglu_down(backend, gate_up, down_weight), h
+            normed, h = normalize(backend, stream, norm_weight, eps)
+            act = fused_linear.linear_swiglu(normed, gate_up_weight, config)
+            return join_residual(backend, act, down_weight, None, h, next_norm, reduce), h
+    gate_up, h = norm_linear(backend, stream, norm_weight, eps, gate_up_weight)
+    if backend.fuses_prologues:  # the SwiGLU prologue; the next norm runs on its own
+        out = fused_linear.swiglu_down(gate_up, down_weight)
+        return Stream(reduce(out) if reduce is not None else out, h), h
+    return join_residual(backend, silu_mul(backend, gate_up), down_weight, None, h, next_norm,
+                         reduce), h
 
 
 def swiglu_down(backend: Backend, gate_up: Tensor, weight: Tensor,

@@ -100,15 +100,15 @@ class Attention(nn.Module):
     def forward(self, backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
                 k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """qkv: (T, (Hq+2Hkv)*D), the fused projection of the normed input (the caller's
-        `ops.norm_linear` with `qkv_weight`) -> (T, H); stores this layer's new K/V in
-        the pool layer."""
+        `ops.norm_linear` with `qkv_weight`) -> the attention's output (T, Hq*D), o_proj's
+        input (the caller's `ops.join_residual`); stores this layer's new K/V in the pool
+        layer."""
         q = ops.rope_store(
             backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads, self.num_kv_heads,
             self.q_norm.weight if self.q_norm is not None else None,
             self.k_norm.weight if self.k_norm is not None else None, self.eps)  # (T, Hq, D)
         out = ops.attention(backend, q, k_cache, v_cache, meta, self.scale)  # (T, Hq, D)
-        return ops.linear(backend, out.reshape(qkv.shape[0], -1), self.o_proj.weight,
-                          self.o_proj.bias)
+        return out.reshape(qkv.shape[0], -1)
 
 
 def fuse_rows(weights: list[Tensor]) -> Tensor:
@@ -123,7 +123,8 @@ def _row_views(fused: Tensor, projections: Sequence[nn.Linear]) -> list[Tensor]:
 
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h)). The residual add
-    is fused into the next norm, and the norm into the GEMM after it (`ops.norm_linear`)."""
+    is fused into the next norm, and both into the reduce of the projection before them
+    where its tiling splits K (`ops.join_residual`)."""
 
     def __init__(self, config: TargetConfig) -> None:
         super().__init__()
@@ -228,27 +229,30 @@ class TargetModel(nn.Module):
         the outputs of `feature_layers` by index. Sharded, each row-parallel output is
         all-reduced (so every rank holds the same residual stream)."""
         backend, inv_freq = self.backend, self.rotary.inv_freq
-        reduce = self.tp.all_reduce if self.tp is not None else _unchanged
-        delta = self.embeddings.embed(input_ids)  # (T, H)
-        residual: Tensor | None = None
+        reduce = self.tp.all_reduce if self.tp is not None else None
+        layers = [cast(DecoderLayer, module) for module in self.layers]
+        # the norm after each block's last projection (the next layer's, or the final one)
+        after = [(layer.input_layernorm.weight, layer.input_layernorm.eps)
+                 for layer in layers[1:]] + [(self.norm.weight, self.norm.eps)]
+        stream = ops.Stream(self.embeddings.embed(input_ids))  # (T, H)
         captured: dict[int, Tensor] = {}
-        for index, module in enumerate(self.layers):
-            layer = cast(DecoderLayer, module)
+        for index, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             assert attn.qkv_weight is not None and mlp.gate_up_weight is not None, \
                 "call TargetModel.fuse_weights() after loading"
             norm = layer.input_layernorm
-            qkv, residual = ops.norm_linear(backend, delta, residual, norm.weight, norm.eps,
+            qkv, residual = ops.norm_linear(backend, stream, norm.weight, norm.eps,
                                             attn.qkv_weight, attn.qkv_bias)  # (T, (Hq+2Hkv)D)
             if index - 1 in feature_layers:
                 captured[index - 1] = residual  # the output of the previous layer
-            delta = reduce(attn(backend, qkv, meta, inv_freq, pool.k[index], pool.v[index]))
+            out = attn(backend, qkv, meta, inv_freq, pool.k[index], pool.v[index])
             norm = layer.post_attention_layernorm
-            out, residual = ops.norm_swiglu_down(backend, delta, residual, norm.weight,
-                                                 norm.eps, mlp.gate_up_weight,
-                                                 mlp.down_proj.weight)
-            delta = reduce(out)
-        h, _ = ops.rms_norm(backend, delta, self.norm.weight, self.norm.eps, residual)
+            stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,
+                                       residual, (norm.weight, norm.eps), reduce)
+            stream, _ = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
+                                             mlp.gate_up_weight, mlp.down_proj.weight,
+                                             after[index], reduce)
+        h, _ = ops.normalize(backend, stream, self.norm.weight, self.norm.eps)
         last_layer = self.config.num_layers - 1
         if last_layer in feature_layers:
             captured[last_layer] = h  # transformers reports the last layer normed
@@ -273,10 +277,6 @@ class TargetModel(nn.Module):
             if not 0 <= index < self.config.num_layers:
                 raise InvalidArgumentError(
                     f"feature layer {index} outside [0, {self.config.num_layers})")
-
-
-def _unchanged(x: Tensor) -> Tensor:
-    return x
 
 
 def _hf_name(name: str) -> str:

@@ -33,7 +33,7 @@ import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
 import ddtree.kernels.tree_build as tree_build
 import ddtree.kernels.vocab_topk as vocab_topk
-from ddtree.kernels.fused_linear import norm_linear, swiglu_down
+from ddtree.kernels.fused_linear import linear_norm, norm_linear, swiglu_down
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
 from ddtree.kernels.swiglu import silu_mul
@@ -109,6 +109,9 @@ def _launch_all() -> None:
         x = torch.randn(3, 576).to(bf16)
         norm_linear(x, x.clone(), x[0].clone(), 1e-6, torch.empty(out_features, 576, dtype=bf16))
     swiglu_down(torch.randn(3, 2 * 1536).to(bf16), torch.empty(576, 1536, dtype=bf16))
+    for hidden, inner in ((576, 1536), (4096, 4096)):  # the norm in a split-K reduce
+        linear_norm(torch.randn(3, inner).to(bf16), torch.empty(hidden, inner, dtype=bf16),
+                    None, torch.randn(3, hidden).to(bf16), torch.ones(hidden, dtype=bf16), 1e-6)
     for num_nodes in (32, 128):  # the demo drafter's 15 depths, two tree sizes
         logp = torch.randn(2, 15, 49152).log_softmax(-1)
         rows = torch.zeros(2, dtype=torch.long)

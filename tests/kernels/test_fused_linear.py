@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ddtree.kernels.fused_linear import (
+    linear_norm,
     linear_swiglu,
     linear_swiglu_reference,
     norm_linear,
@@ -207,16 +208,82 @@ def test_no_epilogue_where_the_weight_splits_k() -> None:
     assert swiglu_epilogue_config(torch.empty(3072, 576, dtype=torch.bfloat16)) is not None
 
 
-# Each fusion against the separate kernels (no prologue, no epilogue).
-SEPARATE = Backend(kernels=True, swiglu_epilogue=False)
-FUSIONS = {"fused prologues": Backend(kernels=True, fused=True, swiglu_epilogue=False),
-           "SwiGLU epilogue": Backend(kernels=True, swiglu_epilogue=True)}
+# linear_norm: a split-K projection joining the residual stream, with the norm after it
+# in its reduce. (name: N, K, dtype, bias, config or None for the tuned one)
+SPLIT_4 = LinearConfig(32, 32, 32, 4, 4, 2)  # K = 320: blocks of 3, 3, 3, 1 per split
+LINEAR_NORM_CASES = {
+    "bf16-split-3-bias": (80, 320, torch.bfloat16, True, SPLIT_3),
+    "fp32-split-3": (48, 320, torch.float32, False, SPLIT_3_FP32),
+    "fp16-ragged-n-split-4": (100, 320, torch.float16, True, SPLIT_4),
+    "bf16-wide-row-split-4": (1200, 320, torch.bfloat16, False, SPLIT_4),  # two norm groups
+    "bf16-demo-down-tuned": (576, 1536, torch.bfloat16, False, None),
+}
+
+
+@pytest.fixture(params=list(LINEAR_NORM_CASES), scope="module")
+def linear_norm_problem(request: pytest.FixtureRequest) -> tuple:
+    out_features, in_features, dtype, has_bias, config = LINEAR_NORM_CASES[request.param]
+    gen = torch.Generator().manual_seed(out_features)
+    x = (2 * torch.randn(ROWS, in_features, generator=gen)).to(dtype)
+    residual = torch.randn(ROWS, out_features, generator=gen).to(dtype)
+    weight = (torch.randn(out_features, in_features, generator=gen) / 10).to(dtype)
+    bias = torch.randn(out_features, generator=gen).to(dtype) if has_bias else None
+    norm_weight = (1 + torch.randn(out_features, generator=gen) / 5).to(dtype)
+    config = config or linear_config(out_features, in_features, dtype)
+    fused = linear_norm(x, weight, bias, residual, norm_weight, EPS, config)
+    assert fused is not None
+    return x, weight, bias, residual, norm_weight, config, fused
+
+
+def test_linear_norm_equals_the_linear_then_the_norm_kernel(linear_norm_problem: tuple) -> None:
+    x, weight, bias, residual, norm_weight, config, (normed, h) = linear_norm_problem
+    expected_normed, expected_h = rms_norm(linear_with_config(x, weight, bias, None, config),
+                                           norm_weight, EPS, residual)
+    assert torch.equal(h, expected_h) and torch.equal(normed, expected_normed)
+
+
+@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (3, 5), (17, 60), (65, 3)])
+def test_linear_norm_rows_do_not_depend_on_the_batch(linear_norm_problem: tuple,
+                                                     num_rows: int, offset: int) -> None:
+    x, weight, bias, residual, norm_weight, config, (normed, h) = linear_norm_problem
+    rows = slice(offset, offset + num_rows)
+    part = linear_norm(x[rows], weight, bias, residual[rows], norm_weight, EPS, config)
+    assert part is not None
+    assert torch.equal(part[0], normed[rows]) and torch.equal(part[1], h[rows])
+
+
+def test_no_linear_norm_where_the_tiling_does_not_split_k() -> None:
+    x, weight = torch.randn(3, 64), torch.randn(16, 64)
+    assert linear_norm(x, weight, None, torch.randn(3, 16), torch.ones(16), EPS,
+                       LinearConfig(32, 32, 32, 1, 4, 2)) is None
+    # two K blocks cannot make four splits: two it is, and the norm rides on them
+    fused = linear_norm(x, weight, None, torch.randn(3, 16), torch.ones(16), EPS,
+                        LinearConfig(32, 32, 32, 4, 4, 2))
+    assert fused is not None
+
+
+# Each fusion against the separate kernels (no prologue, no epilogue, no norm in a reduce).
+SEPARATE = Backend(kernels=True, swiglu_epilogue=False, reduce_norms=False)
+FUSIONS = {"fused prologues": Backend(kernels=True, fused=True, swiglu_epilogue=False,
+                                      reduce_norms=False),
+           "SwiGLU epilogue": Backend(kernels=True, swiglu_epilogue=True, reduce_norms=False),
+           "norms in the reduces": Backend(kernels=True, swiglu_epilogue=False),
+           "SwiGLU epilogue and norms in the reduces": Backend(kernels=True)}
+# the test target's o_proj (128 x 128) and down (128 x 192) tilings split K, so that the
+# norms after them run in their reduces
+SPLIT_TILING = {"block_m": 32, "block_n": 32, "block_k": 32, "split_k": 2, "num_warps": 4,
+                "num_stages": 2}
 
 
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_target_gives_the_same_logits_and_features_fused_or_not(
-        dtype: torch.dtype, fusion: str) -> None:
+        dtype: torch.dtype, fusion: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddtree.kernels import matmul
+
+    for shape in ("128x128", "128x192"):
+        monkeypatch.setitem(matmul.TUNED, f"{shape}:{str(dtype).removeprefix('torch.')}",
+                            SPLIT_TILING)
     torch.manual_seed(0)
     target = TargetModel(TargetConfig.from_hf({  # qkv bias (Qwen2) and q/k norms (Qwen3)
         "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 96,
