@@ -49,7 +49,7 @@ class EngineConfig:
     and launches (Engine._send_ahead);
     swiglu_epilogue: the gate_up GEMM stores silu(gate) * up itself (same bits as the GEMM
     then silu_mul, one launch fewer per layer; the target's layers and a local drafter's);
-    reduce_norms: the norm after o_proj / down (and the residual add) runs in that GEMM's
+    reduce_fusions: the norm after o_proj / down (and the residual add) runs in that GEMM's
     split-K reduce kernel where its tiling splits K (same bits, one launch fewer each;
     the target's layers and a local drafter's; `ops.join_residual`)."""
 
@@ -69,7 +69,7 @@ class EngineConfig:
     alternate: bool = False
     send_ahead: bool = True
     swiglu_epilogue: bool = True
-    reduce_norms: bool = True
+    reduce_fusions: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

@@ -100,11 +100,11 @@ class Engine:
         target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant,
                                  fused=config.fused_prologues,
                                  swiglu_epilogue=config.swiglu_epilogue,
-                                 reduce_norms=config.reduce_norms)
+                                 reduce_fusions=config.reduce_fusions)
         if isinstance(drafting, LocalDrafter):
             drafting.backend = dataclasses.replace(drafting.backend,
                                                    swiglu_epilogue=config.swiglu_epilogue,
-                                                   reduce_norms=config.reduce_norms)
+                                                   reduce_fusions=config.reduce_fusions)
         depth = drafting.block_size - 1 if drafting is not None else 0
         self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)
         self.pool: KVPool = target.new_pool(self.plan.num_slots + 1, self.plan.max_len)

@@ -349,18 +349,53 @@ def splits_of(config: LinearConfig, in_features: int) -> int:
     return triton.cdiv(k_blocks, triton.cdiv(k_blocks, config.split_k))
 
 
+@dataclass(frozen=True)
+class SplitPartials:
+    """A split-K GEMM's output before its reduce: `part` (S, T, N) float32, split s's sums
+    at part[s]; `bias` (N,) or None; `dtype` the output's. A consumer sums the splits in
+    split order, adds the bias and rounds to `dtype`, as `_split_k_reduce_kernel` does
+    (ddtree/kernels/rope.py: RoPE and the KV store straight from them)."""
+
+    part: Tensor
+    bias: Tensor | None
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.part.shape[1], self.part.shape[2]
+
+
+def linear_partials(x: Tensor, weight: Tensor, bias: Tensor | None,
+                    config: LinearConfig | None = None) -> SplitPartials | None:
+    """`invariant_linear` without its reduce: the splits' partial sums for the consumer to
+    finish (same K order, same bits once summed in split order); None where the tiling
+    (`config`, default the weight's for T rows) does not split K."""
+    config = config or linear_config(weight.shape[0], weight.shape[1], weight.dtype,
+                                     x.shape[0])
+    split_k = splits_of(config, weight.shape[1])
+    if split_k == 1:
+        return None
+    check_operands(x, weight, bias, weight.shape[1])
+    part = x.new_empty((split_k, x.shape[0], weight.shape[0]), dtype=torch.float32)
+    launch_linear(x, weight, bias, part[0], config, partials=part)
+    return SplitPartials(part, bias, x.dtype)
+
+
 def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
                   config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
                   norm_weight: Tensor | None = None, h: Tensor | None = None,
                   eps: float = 0.0, epilogue: int = 0,
-                  norm_after: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
+                  norm_after: tuple[Tensor, Tensor, Tensor] | None = None,
+                  partials: Tensor | None = None) -> None:
     """Writes out (T, N) = A @ weight.T (+ bias) for checked operands, A being x after
     `prologue` (prologues.py: 0 plain, 1 norm with residual / norm_weight / eps, storing
     x + residual in h, 2 SwiGLU on x = [gate | up]) and, with `epilogue` 1, out (T, N/2)
     = silu(gate) * up of a [gate | up] weight (no split-K, no bias); the tiling is
     `config` whatever T. `norm_after` = (residual, norm_weight, y) with a tiling that
     splits K: the reduce kernel also adds the residual (out gets h) and writes y =
-    RMSNorm(h) (`eps`), one program per row (`_split_k_reduce_kernel`)."""
+    RMSNorm(h) (`eps`), one program per row (`_split_k_reduce_kernel`). `partials`
+    (split_k, T, N) float32 with a tiling that splits K: the splits' sums are left there
+    and no reduce runs (`linear_partials`)."""
     num_rows = x.shape[0]
     out_features, in_features = weight.shape
     if epilogue:
@@ -371,8 +406,11 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     k_blocks = triton.cdiv(in_features, config.block_k)
     blocks_per_split = triton.cdiv(k_blocks, config.split_k)
     split_k = splits_of(config, in_features)
-    part = (x.new_empty((split_k, num_rows, out_features), dtype=torch.float32)
-            if split_k > 1 else out)
+    if partials is not None:
+        assert split_k > 1 and partials.shape == (split_k, num_rows, out_features)
+    part = partials if partials is not None else (
+        x.new_empty((split_k, num_rows, out_features), dtype=torch.float32)
+        if split_k > 1 else out)
     bias_arg = bias if bias is not None else out
     source = residual if residual is not None else x
     pdl = use_pdl(x)
@@ -397,6 +435,8 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         EPILOGUE=epilogue, USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
         num_stages=stages, **launch_kwargs(pdl),
     )
+    if partials is not None:
+        return
     if split_k > 1:
         block = 1024 if norm_after is None else triton.next_power_of_2(out_features)
         r_arg, nw_arg, y_arg = norm_after if norm_after is not None else (out, out, out)

@@ -12,8 +12,10 @@ OFF by default: on the H200 it measured slower (ar 604 vs 763 tok/s, tree@32 971
 at batch 1, docs/performance.md), the per-program norm statistics lengthening every GEMM.
 `Backend.swiglu_epilogue` (on) has the gate_up GEMM store silu(gate) * up itself instead
 (`norm_swiglu_down`; an epilogue leaves the GEMM's main loop alone: faster on the H200).
-`Backend.reduce_norms` (on) runs the norm after a projection that joins the residual
-stream (o_proj, down) in that GEMM's split-K reduce, where its tiling splits K (`Stream`).
+`Backend.reduce_fusions` (on) folds a split-K GEMM's reduce into the operation after it,
+where the tiling splits K: the norm after a projection that joins the residual stream
+(o_proj, down) runs in that GEMM's reduce (`Stream`), and RoPE with the KV store finishes
+the QKV GEMM's partial sums itself (`norm_linear(defer_reduce=True)`, `rope_store`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class Backend:
     tree_build: a drafter's trees from one kernel (ddtree.kernels.tree_build; only with
     kernels; the same trees as without); vocab_topk: its vocabulary top-K from two
     (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's);
-    reduce_norms: the norm after o_proj / down in that GEMM's split-K reduce kernel
-    (`join_residual`; only with kernels and invariant; the same bits as without);
+    reduce_fusions: the norm after o_proj / down in that GEMM's split-K reduce kernel
+    (`join_residual`), RoPE on the QKV GEMM's split partials (`norm_linear`'s
+    `defer_reduce`); only with kernels and invariant; the same bits as without;
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
     invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
@@ -47,7 +50,7 @@ class Backend:
     invariant: bool = True
     fused: bool = False
     swiglu_epilogue: bool = True
-    reduce_norms: bool = True
+    reduce_fusions: bool = True
     tree_build: bool = True
     vocab_topk: bool = True
     attn_tiles: tuple[int, int, int] | None = None  # tree attention's (BLOCK_N, warps,
@@ -104,13 +107,20 @@ def normalize(backend: Backend, stream: Stream, norm_weight: Tensor,
 
 
 def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
-                weight: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                weight: Tensor, bias: Tensor | None = None,
+                defer_reduce: bool = False) -> tuple[Tensor | matmul.SplitPartials, Tensor]:
     """norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N), h), h the summed
-    residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused."""
+    residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused. With
+    `defer_reduce` (and `Backend.reduce_fusions`) a tiling that splits K leaves its partial
+    sums for the consumer to finish (matmul.SplitPartials: `rope_store` takes them)."""
     if backend.fuses_prologues and stream.normed is None:
         return fused_linear.norm_linear(stream.x, stream.residual, norm_weight, eps, weight,
                                         bias)
     normed, h = normalize(backend, stream, norm_weight, eps)
+    if defer_reduce and backend.kernels and backend.invariant and backend.reduce_fusions:
+        partials = matmul.linear_partials(normed, weight, bias)
+        if partials is not None:
+            return partials, h
     return linear(backend, normed, weight, bias), h
 
 
@@ -119,10 +129,10 @@ def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | No
                   reduce: Callable[[Tensor], Tensor] | None = None) -> Stream:
     """A projection whose output joins the residual stream (o_proj, down): x (T, K),
     weight (N, K), residual (T, N) -> the Stream for the next norm, `next_norm` = (its
-    weight, eps). With `Backend.reduce_norms` and a tiling that splits K the GEMM's reduce
+    weight, eps). With `Backend.reduce_fusions` and a tiling that splits K the GEMM's reduce
     kernel adds the residual and runs that norm (fused_linear.linear_norm, same bits).
     `reduce` all-reduces a sharded projection's output before the add (no fusion)."""
-    if (backend.kernels and backend.invariant and backend.reduce_norms and reduce is None
+    if (backend.kernels and backend.invariant and backend.reduce_fusions and reduce is None
             and next_norm is not None):
         fused = fused_linear.linear_norm(x, weight, bias, residual, *next_norm)
         if fused is not None:
@@ -131,13 +141,20 @@ def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | No
     return Stream(reduce(out) if reduce is not None else out, residual)
 
 
-def rope_store(backend: Backend, qkv: Tensor, meta: AttentionMeta, inv_freq: Tensor,
-               k_cache: Tensor, v_cache: Tensor, num_heads: int, num_kv_heads: int,
-               q_norm: Tensor | None, k_norm: Tensor | None, eps: float) -> Tensor:
-    """qkv: (T, (Hq + 2 Hkv) D) -> rotated q (T, Hq, D); k, v stored in the pool layer."""
-    fn = rope.rope_store if backend.kernels else rope.rope_store_reference
-    return fn(qkv, meta.positions, inv_freq, k_cache, v_cache, meta.write_slot, meta.write_pos,
-              num_heads, num_kv_heads, q_norm, k_norm, eps)
+def rope_store(backend: Backend, qkv: Tensor | matmul.SplitPartials, meta: AttentionMeta,
+               inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor, num_heads: int,
+               num_kv_heads: int, q_norm: Tensor | None, k_norm: Tensor | None,
+               eps: float) -> Tensor:
+    """qkv: (T, (Hq + 2 Hkv) D), or the QKV GEMM's split partials (kernels only) ->
+    rotated q (T, Hq, D); k, v stored in the pool layer."""
+    if backend.kernels:
+        return rope.rope_store(qkv, meta.positions, inv_freq, k_cache, v_cache,
+                               meta.write_slot, meta.write_pos, num_heads, num_kv_heads,
+                               q_norm, k_norm, eps)
+    assert isinstance(qkv, Tensor), "split partials come from the kernels"
+    return rope.rope_store_reference(qkv, meta.positions, inv_freq, k_cache, v_cache,
+                                     meta.write_slot, meta.write_pos, num_heads, num_kv_heads,
+                                     q_norm, k_norm, eps)
 
 
 def attention(backend: Backend, q: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -175,6 +192,7 @@ def norm_swiglu_down(backend: Backend, stream: Stream, norm_weight: Tensor, eps:
             act = fused_linear.linear_swiglu(normed, gate_up_weight, config)
             return join_residual(backend, act, down_weight, None, h, next_norm, reduce), h
     gate_up, h = norm_linear(backend, stream, norm_weight, eps, gate_up_weight)
+    assert isinstance(gate_up, Tensor)  # (no deferred reduce asked)
     if backend.fuses_prologues:  # the SwiGLU prologue; the next norm runs on its own
         out = fused_linear.swiglu_down(gate_up, down_weight)
         return Stream(reduce(out) if reduce is not None else out, h), h

@@ -6,7 +6,7 @@ Stages (comma list, `--stages`):
   speed     tok/s per mode at batch 1 side by side: ar, linear, tree@{15,16,32,64},
             shadow@64, plus variants (`--speed-variants`): ar with the generic tree walk,
             ar / tree@32 without the SwiGLU epilogue, modes with the norms after o_proj /
-            down on their own (no reduce norms), without dependent launches (no PDL),
+            down on their own (no reduce fusions), without dependent launches (no PDL),
             without their L2 prefetches (no prefetch) or with the fused norm/SwiGLU
             prologues, linear / tree@32 / tree@64 with the trees built in PyTorch instead
             of one kernel (PyTorch tree), tree@16 / tree@32 with torch.topk for the
@@ -256,7 +256,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     # (row suffix, invariant GEMMs, fused norm/SwiGLU prologues, the short greedy ar round,
     # the SwiGLU epilogue, dependent launches, their L2 prefetches, modes; "no reduce
-    # norms" runs the norms after o_proj / down on their own (EngineConfig.reduce_norms
+    # norms" runs the norms after o_proj / down on their own (EngineConfig.reduce_fusions
     # off); "PyTorch tree"
     # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
@@ -266,7 +266,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                   "tree@128", "shadow@16", "shadow@64")),
                 (" (generic ar)", True, False, False, True, True, True, ("ar",)),
                 (" (no epilogue)", True, False, True, False, True, True, ("ar", "tree@32")),
-                (" (no reduce norms)", True, False, True, True, True, True,
+                (" (no reduce fusions)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
@@ -289,7 +289,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue,
-            reduce_norms=kind != "no reduce norms"))
+            reduce_fusions=kind != "no reduce fusions"))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(
                 engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",
@@ -481,7 +481,7 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                                                         max_budget=64,
                                                         swiglu_epilogue=args.epilogue,
                                                         fused_prologues=args.fused,
-                                                        reduce_norms=args.reduce_norms))
+                                                        reduce_fusions=args.reduce_fusions))
     if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
         engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=args.fused)
     prompt = PROMPT_8B
@@ -558,7 +558,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--speed-modes", default="", help="speed stage: these modes only "
                         "(comma-separated, ar always; default all)")
     parser.add_argument("--speed-variants",
-                        default="plain,generic ar,no epilogue,no reduce norms,no PDL,no prefetch,"
+                        default="plain,generic ar,no epilogue,no reduce fusions,no PDL,no prefetch,"
                         "PyTorch tree,"
                         "torch top-K,fused,cuBLAS",
                         help="speed stage: which engine variants")
@@ -574,9 +574,9 @@ def main(argv: list[str]) -> int:
                         help="exact stage: the drafter's tree-attention tiling, e.g. 64/2/2")
     parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                         help="speed stage: transformers' static-cache generate last")
-    parser.add_argument("--reduce-norms", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--reduce-fusions", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: the norms after o_proj / down in their split-K "
-                        "reduces (EngineConfig.reduce_norms; A/B)")
+                        "reduces (EngineConfig.reduce_fusions; A/B)")
     parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=False,
                         help="shapes8b: the norms and SwiGLU fused into the GEMMs' prologues "
                         "(EngineConfig.fused_prologues; A/B)")

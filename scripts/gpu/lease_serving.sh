@@ -624,16 +624,16 @@ case "${1:?call number}" in
   ;;
 111)
   # (after 0-3, carry .carry/g4) the norm after o_proj / down in the projection's split-K
-  # reduce (EngineConfig.reduce_norms, on): the pieces alone (scripts/gpu/norm_bench.py),
+  # reduce (EngineConfig.reduce_fusions, on): the pieces alone (scripts/gpu/norm_bench.py),
   # the batch-1 table with and without it beside transformers (every row against the
   # plain ar tokens), then every mode against ar at c1 and c8 with it (exact stage)
   [ -f $T/config.json ] || stage_target
   mark "norm_bench"
   timeout 120 python3 scripts/gpu/norm_bench.py 2>&1 | grep -v Warn | tail -14
   cp /tmp/norm_bench.json "$OUT/" 2>/dev/null
-  mark "engine_bench speed plain, no reduce norms"
+  mark "engine_bench speed plain, no reduce fusions"
   timeout 260 python3 scripts/gpu/engine_bench.py --stages speed \
-    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "plain,no reduce norms" \
+    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "plain,no reduce fusions" \
     --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
   mark "exact"
   timeout 150 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
@@ -645,7 +645,7 @@ case "${1:?call number}" in
   # (warm after 111) the Qwen3-8B shapes with the norms in the reduces and without, twice
   # in turn; then the demo's o_proj split 3 ways (its norm then rides on the reduce too):
   # the batch-1 table with that tiling table
-  for f in reduce-norms no-reduce-norms reduce-norms no-reduce-norms; do
+  for f in reduce-fusions no-reduce-fusions reduce-fusions no-reduce-fusions; do
     mark "shapes8b $f"
     timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b --$f --target $T \
       --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
@@ -662,6 +662,29 @@ PY
     --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain --no-hf \
     --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -8
   mv "$OUT/engine_speed.json" "$OUT/engine_speed_o3.json"
+  pack_all $1
+  mark done
+  ;;
+113)
+  # (after 0-3, carry .carry/g4) the reduce fusions (EngineConfig.reduce_fusions, on):
+  # call 111's norms after o_proj / down in their reduces, and now RoPE + the KV store
+  # from the QKV GEMM's split partials (the 8B QKV splits K; the demo's does not): the
+  # batch-1 table with and without them beside transformers, every mode against ar at c1
+  # and c8, the 8B shapes with and without, twice in turn
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed plain, no reduce fusions"
+  timeout 230 python3 scripts/gpu/engine_bench.py --stages speed \
+    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "plain,no reduce fusions" \
+    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
+  mark "exact"
+  timeout 120 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
+    --humaneval $H 2>&1 | grep -E " c[18]: |Error|error" | grep -v Warn | tail -20
+  for f in reduce-fusions no-reduce-fusions reduce-fusions no-reduce-fusions; do
+    mark "shapes8b $f"
+    timeout 90 python3 scripts/gpu/engine_bench.py --stages shapes8b --$f --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${f}_$(date +%s).json"
+  done
   pack_all $1
   mark done
   ;;

@@ -34,6 +34,7 @@ import ddtree.kernels.tree_attention as attention
 import ddtree.kernels.tree_build as tree_build
 import ddtree.kernels.vocab_topk as vocab_topk
 from ddtree.kernels.fused_linear import linear_norm, norm_linear, swiglu_down
+from ddtree.kernels.matmul import SplitPartials
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
 from ddtree.kernels.swiglu import silu_mul
@@ -103,6 +104,10 @@ def _launch_all() -> None:
         weight = torch.ones(head_dim, dtype=bf16) if norm else None
         index = torch.zeros(2, dtype=torch.long)
         rope_store(qkv, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
+                   num_heads, num_kv_heads, weight, weight)
+        width = qkv.shape[1]  # RoPE from the QKV GEMM's two split partials
+        partials = SplitPartials(torch.randn(2, 2, width), None, bf16)
+        rope_store(partials, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
                    num_heads, num_kv_heads, weight, weight)
     silu_mul(torch.randn(2, 2 * 1536).to(bf16))
     for out_features in (960, 3072):  # the demo target's fused prologues

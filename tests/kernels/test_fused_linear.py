@@ -262,15 +262,16 @@ def test_no_linear_norm_where_the_tiling_does_not_split_k() -> None:
     assert fused is not None
 
 
-# Each fusion against the separate kernels (no prologue, no epilogue, no norm in a reduce).
-SEPARATE = Backend(kernels=True, swiglu_epilogue=False, reduce_norms=False)
+# Each fusion against the separate kernels (no prologue, no epilogue, no reduce fusion).
+SEPARATE = Backend(kernels=True, swiglu_epilogue=False, reduce_fusions=False)
 FUSIONS = {"fused prologues": Backend(kernels=True, fused=True, swiglu_epilogue=False,
-                                      reduce_norms=False),
-           "SwiGLU epilogue": Backend(kernels=True, swiglu_epilogue=True, reduce_norms=False),
-           "norms in the reduces": Backend(kernels=True, swiglu_epilogue=False),
-           "SwiGLU epilogue and norms in the reduces": Backend(kernels=True)}
-# the test target's o_proj (128 x 128) and down (128 x 192) tilings split K, so that the
-# norms after them run in their reduces
+                                      reduce_fusions=False),
+           "SwiGLU epilogue": Backend(kernels=True, swiglu_epilogue=True, reduce_fusions=False),
+           "reduce fusions": Backend(kernels=True, swiglu_epilogue=False),
+           "SwiGLU epilogue and reduce fusions": Backend(kernels=True)}
+# the test target's o_proj (128 x 128), down (128 x 192) and QKV (256 x 128) tilings
+# split K, so that the norms after o_proj and down run in their reduces and RoPE finishes
+# the QKV partials
 SPLIT_TILING = {"block_m": 32, "block_n": 32, "block_k": 32, "split_k": 2, "num_warps": 4,
                 "num_stages": 2}
 
@@ -281,7 +282,7 @@ def test_a_target_gives_the_same_logits_and_features_fused_or_not(
         dtype: torch.dtype, fusion: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from ddtree.kernels import matmul
 
-    for shape in ("128x128", "128x192"):
+    for shape in ("128x128", "128x192", "256x128"):
         monkeypatch.setitem(matmul.TUNED, f"{shape}:{str(dtype).removeprefix('torch.')}",
                             SPLIT_TILING)
     torch.manual_seed(0)

@@ -70,3 +70,34 @@ def test_rejects_a_single_head_norm() -> None:
     args = problem(2, 4, 2, 64, torch.float32, with_norm=True)
     with pytest.raises(AssertionError, match="both head norms"):
         rope_store(**{**args, "k_norm_weight": None})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, with_norm, with_bias", [
+    (9, 3, 64, False, True),  # SmolLM2 heads (a Qwen2-style bias)
+    (4, 1, 128, True, False),  # Qwen3-style head norms
+])
+def test_the_split_partials_give_the_reduced_qkvs_bits(
+        dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
+        with_norm: bool, with_bias: bool) -> None:
+    """RoPE straight from the QKV GEMM's split partials (no reduce launch) stores the q,
+    k and v that the reduced qkv gives, bit for bit."""
+    from ddtree.kernels.matmul import LinearConfig, linear_partials, linear_with_config
+
+    args = problem(7, num_heads, num_kv_heads, head_dim, dtype, with_norm)
+    width, hidden = args["qkv"].shape[1], 96
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(7, hidden, generator=gen).to(dtype)
+    weight = (torch.randn(width, hidden, generator=gen) / 8).to(dtype)
+    bias = torch.randn(width, generator=gen).to(dtype) if with_bias else None
+    config = LinearConfig(32, 32, 32, 3, 4, 2)  # K = 96: three splits of one block
+    partials = linear_partials(x, weight, bias, config)
+    assert partials is not None and partials.part.shape == (3, 7, width)
+    reduced, direct = with_fresh_pool(args), with_fresh_pool(args)
+    reduced["qkv"] = linear_with_config(x, weight, bias, None, config)
+    direct["qkv"] = partials
+    assert torch.equal(rope_store(**direct), rope_store(**reduced))
+    for cache in ("k_cache", "v_cache"):
+        assert torch.equal(direct[cache].nan_to_num(), reduced[cache].nan_to_num())
+        assert torch.equal(direct[cache].isnan(), reduced[cache].isnan())
+    assert linear_partials(x, weight, bias, LinearConfig(32, 32, 32, 1, 4, 2)) is None
