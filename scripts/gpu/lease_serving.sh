@@ -688,6 +688,18 @@ PY
   pack_all $1
   mark done
   ;;
+114)
+  # (after call 0 alone: no target needed) the Qwen3-8B shapes with the reduce fusions,
+  # four more runs on a fresh machine (call 113 put the ar step at the 1.2x line)
+  for i in 1 2 3 4; do
+    mark "shapes8b run $i"
+    timeout 100 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_run${i}.json"
+  done
+  pack_all $1
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute
