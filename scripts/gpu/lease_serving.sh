@@ -369,6 +369,30 @@ pack_all() {  # call: every JSON report and trace under $OUT gzipped, then all o
     && find . -mindepth 1 ! -name "all$1.tar" -delete)
 }
 
+speed_table() {  # variants [extra engine_bench args...]: the batch-1 table of ar, linear,
+  # tree@16, tree@32 and shadow@16 in those variants (engine_bench.py --speed-variants)
+  local variants=$1; shift
+  timeout 260 python3 scripts/gpu/engine_bench.py --stages speed \
+    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "$variants" "$@" \
+    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
+}
+
+exact_modes() {  # every mode against ar at c1 and c8 (engine_bench.py --stages exact)
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
+    --humaneval $H 2>&1 | grep -E " c[18]: |Error|error" | grep -v Warn | tail -20
+}
+
+shapes8b_runs() {  # flag...: the Qwen3-8B shapes once per flag (- for none), in that order
+  local i=0
+  for f in "$@"; do
+    i=$((i + 1)); mark "shapes8b $f"
+    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b \
+      $([ "$f" = - ] || echo "--$f") --target $T --humaneval $H 2>&1 \
+      | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${i}_${f}.json"
+  done
+}
+
 trace_local() {  # trace_engine args...: the engine in process under continuous load (40
   # requests, c1 and c8); $OUT/trace_engine_local.json, a trace renamed *_local.*
   mark "trace_engine in process"
@@ -632,12 +656,9 @@ case "${1:?call number}" in
   timeout 120 python3 scripts/gpu/norm_bench.py 2>&1 | grep -v Warn | tail -14
   cp /tmp/norm_bench.json "$OUT/" 2>/dev/null
   mark "engine_bench speed plain, no reduce fusions"
-  timeout 260 python3 scripts/gpu/engine_bench.py --stages speed \
-    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "plain,no reduce fusions" \
-    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
+  speed_table "plain,no reduce fusions"
   mark "exact"
-  timeout 150 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
-    --humaneval $H 2>&1 | grep -E " c[18]: |Error|error" | grep -v Warn | tail -20
+  exact_modes
   pack_all $1
   mark done
   ;;
@@ -645,12 +666,7 @@ case "${1:?call number}" in
   # (warm after 111) the Qwen3-8B shapes with the norms in the reduces and without, twice
   # in turn; then the demo's o_proj split 3 ways (its norm then rides on the reduce too):
   # the batch-1 table with that tiling table
-  for f in reduce-fusions no-reduce-fusions reduce-fusions no-reduce-fusions; do
-    mark "shapes8b $f"
-    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b --$f --target $T \
-      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${f}_$(date +%s).json"
-  done
+  shapes8b_runs reduce-fusions no-reduce-fusions reduce-fusions no-reduce-fusions
   python3 - <<'PY'
 import json
 table = json.load(open("ddtree/kernels/linear_tuned.json"))
@@ -658,9 +674,7 @@ table["576x576:bfloat16"] = dict(table["576x576:bfloat16"], split_k=3)
 json.dump(table, open("/tmp/table_o3.json", "w"))
 PY
   mark "engine_bench speed, o_proj split 3"
-  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed --linear-table /tmp/table_o3.json \
-    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants plain --no-hf \
-    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -8
+  speed_table plain --linear-table /tmp/table_o3.json --no-hf
   mv "$OUT/engine_speed.json" "$OUT/engine_speed_o3.json"
   pack_all $1
   mark done
@@ -673,30 +687,17 @@ PY
   # and c8, the 8B shapes with and without, twice in turn
   [ -f $T/config.json ] || stage_target
   mark "engine_bench speed plain, no reduce fusions"
-  timeout 230 python3 scripts/gpu/engine_bench.py --stages speed \
-    --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "plain,no reduce fusions" \
-    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
+  speed_table "plain,no reduce fusions"
   mark "exact"
-  timeout 120 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
-    --humaneval $H 2>&1 | grep -E " c[18]: |Error|error" | grep -v Warn | tail -20
-  for f in reduce-fusions no-reduce-fusions reduce-fusions no-reduce-fusions; do
-    mark "shapes8b $f"
-    timeout 90 python3 scripts/gpu/engine_bench.py --stages shapes8b --$f --target $T \
-      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${f}_$(date +%s).json"
-  done
+  exact_modes
+  shapes8b_runs reduce-fusions no-reduce-fusions reduce-fusions no-reduce-fusions
   pack_all $1
   mark done
   ;;
 114)
   # (after call 0 alone: no target needed) the Qwen3-8B shapes with the reduce fusions,
   # four more runs on a fresh machine (call 113 put the ar step at the 1.2x line)
-  for i in 1 2 3 4; do
-    mark "shapes8b run $i"
-    timeout 100 python3 scripts/gpu/engine_bench.py --stages shapes8b --target $T \
-      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_run${i}.json"
-  done
+  shapes8b_runs - - - -
   pack_all $1
   mark done
   ;;
