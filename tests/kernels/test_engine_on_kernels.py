@@ -42,11 +42,12 @@ def pair() -> tuple[TargetModel, DFlashDrafter]:
 
 
 def serve(pair: tuple[TargetModel, DFlashDrafter], kernels: bool, spec: SpecParams,
-          sampling: SamplingParams, static_prefill: bool = False) -> dict[str, list[int]]:
+          sampling: SamplingParams, static_prefill: bool = False,
+          reduce_fusions: bool = True) -> dict[str, list[int]]:
     target, drafter = pair
     target.backend = Backend(kernels=kernels)
     config = EngineConfig(max_num_seqs=2, max_model_len=40, max_budget=8,
-                          static_prefill=static_prefill)
+                          static_prefill=static_prefill, reduce_fusions=reduce_fusions)
     plan = plan_pool(config, target.config, torch.device("cpu"), torch.float32, 0,
                      drafter.config.block_size - 1)
     local = LocalDrafter(drafter, target.embeddings, plan.num_slots, plan.max_model_len,
@@ -116,3 +117,35 @@ def test_a_batched_prefill_gives_each_prompt_what_its_prefill_alone_gives(
             torch.testing.assert_close(out.features[span], one.features, rtol=1e-4, atol=1e-4)
     for mine, theirs in ((together.k, alone.k), (together.v, alone.v)):
         assert torch.equal(mine, theirs) if kernels else torch.allclose(mine, theirs, atol=1e-4)
+
+
+def test_the_reduce_fusions_serve_the_tokens_served_without_them(
+        pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tilings that split K for the pair's o_proj and down (128 x 128, 128 x 192) and
+    QKV (256 x 128), the norms after o_proj / down ride on their reduces and RoPE on the
+    QKV partials (the target's layers and the drafter's): the same tokens as without."""
+    from ddtree.kernels import fused_linear, matmul, rope
+
+    for shape in ("128x128", "128x192", "256x128"):
+        monkeypatch.setitem(matmul.TUNED, f"{shape}:float32", {
+            "block_m": 32, "block_n": 32, "block_k": 32, "split_k": 2, "num_warps": 4,
+            "num_stages": 2})
+    fused = {"norms": 0, "rope": 0}
+    linear_norm, rope_store = fused_linear.linear_norm, rope.rope_store
+
+    def counted_norm(*args, **kwargs):  # type: ignore[no-untyped-def]
+        result = linear_norm(*args, **kwargs)
+        fused["norms"] += result is not None
+        return result
+
+    def counted_rope(qkv, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fused["rope"] += isinstance(qkv, matmul.SplitPartials)
+        return rope_store(qkv, *args, **kwargs)
+
+    monkeypatch.setattr(fused_linear, "linear_norm", counted_norm)
+    monkeypatch.setattr(rope, "rope_store", counted_rope)
+    tree = serve(pair, True, SpecParams("tree", 8), SamplingParams())
+    assert fused["norms"] > 0 and fused["rope"] > 0
+    # the same tokens as the separate kernels, which serve ar's (the test above)
+    assert tree == serve(pair, True, SpecParams("tree", 8), SamplingParams(),
+                         reduce_fusions=False)
