@@ -701,6 +701,24 @@ PY
   pack_all $1
   mark done
   ;;
+115)
+  # (after 0-3, carry .carry/g4) the demo's o_proj split 3 ways (call 112: ar +3%; its
+  # norm then rides on the reduce too): every mode against ar at c1 and c8 with that
+  # tiling table
+  [ -f $T/config.json ] || stage_target
+  python3 - <<'PY'
+import json
+table = json.load(open("ddtree/kernels/linear_tuned.json"))
+table["576x576:bfloat16"] = dict(table["576x576:bfloat16"], split_k=3)
+json.dump(table, open("/tmp/table_o3.json", "w"))
+PY
+  mark "exact, o_proj split 3"
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages exact --target $T \
+    --linear-table /tmp/table_o3.json --humaneval $H 2>&1 \
+    | grep -E " c[18]: |Error|error" | grep -v Warn | tail -20
+  pack_all $1
+  mark done
+  ;;
 99)
   # (warm after 97) the shared link with the verifier and the drafter as clients of one
   # MPS server (a user-space daemon, started here and quit at the end; the GPU's compute
