@@ -200,9 +200,7 @@ class DFlashDrafter(nn.Module):
         stream = ops.Stream(x)
         inv_freq = self.rotary.inv_freq
         layers = [cast(DraftLayer, module) for module in self.layers]
-        # the norm after each block's last projection (the next layer's, or the final one)
-        after = [(layer.input_layernorm.weight, layer.input_layernorm.eps)
-                 for layer in layers[1:]] + [(self.norm.weight, self.norm.eps)]
+        after = ops.norms_after([layer.input_layernorm for layer in layers], self.norm)
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             assert attn.qkv_weight is not None and mlp.gate_up_weight is not None, \
@@ -214,9 +212,8 @@ class DFlashDrafter(nn.Module):
             norm = layer.post_attention_layernorm
             stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,
                                        residual, (norm.weight, norm.eps))
-            stream, _ = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
-                                             mlp.gate_up_weight, mlp.down_proj.weight,
-                                             after[i])
+            stream = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
+                                          mlp.gate_up_weight, mlp.down_proj.weight, after[i])
         h, _ = ops.normalize(backend, stream, self.norm.weight, self.norm.eps)
         h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)

@@ -20,8 +20,9 @@ the QKV GEMM's partial sums itself (`norm_linear(defer_reduce=True)`, `rope_stor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,22 @@ class Stream:
     x: Tensor
     residual: Tensor | None = None
     normed: Tensor | None = None
+
+
+class Norm(Protocol):
+    """An RMSNorm's parameters (models/layers.RMSNorm)."""
+
+    @property
+    def weight(self) -> Tensor: ...
+
+    @property
+    def eps(self) -> float: ...
+
+
+def norms_after(input_norms: Sequence[Norm], final_norm: Norm) -> list[tuple[Tensor, float]]:
+    """The norm after each block's last projection, as `join_residual`'s `next_norm`: the
+    next block's input norm, and the final norm after the last block."""
+    return [(norm.weight, norm.eps) for norm in (*input_norms[1:], final_norm)]
 
 
 def normalize(backend: Backend, stream: Stream, norm_weight: Tensor,
@@ -179,9 +196,9 @@ def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
 def norm_swiglu_down(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
                      gate_up_weight: Tensor, down_weight: Tensor,
                      next_norm: tuple[Tensor, float] | None,
-                     reduce: Callable[[Tensor], Tensor] | None = None) -> tuple[Stream, Tensor]:
-    """The MLP of a pre-norm block -> (the Stream after it: down(silu(gate) * up) of
-    rms_norm(h) joined to h, h (T, H) the stream before it). With the invariant kernels and
+                     reduce: Callable[[Tensor], Tensor] | None = None) -> Stream:
+    """The MLP of a pre-norm block -> the Stream after it: down(silu(gate) * up) of
+    rms_norm(h) joined to h, the stream before it. With the invariant kernels and
     `Backend.swiglu_epilogue` the gate_up GEMM stores silu(gate) * up itself (same bits,
     one launch fewer; fused_linear.linear_swiglu); with `fused` the norm and SwiGLU are
     the GEMMs' prologues instead. `next_norm`: as `join_residual`'s."""
@@ -190,14 +207,14 @@ def norm_swiglu_down(backend: Backend, stream: Stream, norm_weight: Tensor, eps:
         if config is not None:
             normed, h = normalize(backend, stream, norm_weight, eps)
             act = fused_linear.linear_swiglu(normed, gate_up_weight, config)
-            return join_residual(backend, act, down_weight, None, h, next_norm, reduce), h
+            return join_residual(backend, act, down_weight, None, h, next_norm, reduce)
     gate_up, h = norm_linear(backend, stream, norm_weight, eps, gate_up_weight)
     assert isinstance(gate_up, Tensor)  # (no deferred reduce asked)
     if backend.fuses_prologues:  # the SwiGLU prologue; the next norm runs on its own
-        out = fused_linear.swiglu_down(gate_up, down_weight)
-        return Stream(reduce(out) if reduce is not None else out, h), h
+        out = swiglu_down(backend, gate_up, down_weight)
+        return Stream(reduce(out) if reduce is not None else out, h)
     return join_residual(backend, silu_mul(backend, gate_up), down_weight, None, h, next_norm,
-                         reduce), h
+                         reduce)
 
 
 def swiglu_down(backend: Backend, gate_up: Tensor, weight: Tensor,

@@ -233,9 +233,7 @@ class TargetModel(nn.Module):
         backend, inv_freq = self.backend, self.rotary.inv_freq
         reduce = self.tp.all_reduce if self.tp is not None else None
         layers = [cast(DecoderLayer, module) for module in self.layers]
-        # the norm after each block's last projection (the next layer's, or the final one)
-        after = [(layer.input_layernorm.weight, layer.input_layernorm.eps)
-                 for layer in layers[1:]] + [(self.norm.weight, self.norm.eps)]
+        after = ops.norms_after([layer.input_layernorm for layer in layers], self.norm)
         stream = ops.Stream(self.embeddings.embed(input_ids))  # (T, H)
         captured: dict[int, Tensor] = {}
         for index, layer in enumerate(layers):
@@ -252,9 +250,9 @@ class TargetModel(nn.Module):
             norm = layer.post_attention_layernorm
             stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,
                                        residual, (norm.weight, norm.eps), reduce)
-            stream, _ = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
-                                             mlp.gate_up_weight, mlp.down_proj.weight,
-                                             after[index], reduce)
+            stream = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
+                                          mlp.gate_up_weight, mlp.down_proj.weight,
+                                          after[index], reduce)
         h, _ = ops.normalize(backend, stream, self.norm.weight, self.norm.eps)
         last_layer = self.config.num_layers - 1
         if last_layer in feature_layers:
