@@ -51,7 +51,10 @@ class EngineConfig:
     then silu_mul, one launch fewer per layer; the target's layers and a local drafter's);
     reduce_fusions: the norm after o_proj / down (and the residual add) runs in that GEMM's
     split-K reduce kernel where its tiling splits K (same bits, one launch fewer each;
-    the target's layers and a local drafter's; `ops.join_residual`)."""
+    the target's layers and a local drafter's; `ops.join_residual`);
+    rope_epilogue: RoPE and the KV store run as the QKV GEMM's epilogue where that GEMM
+    does not split K and the model has no head norms (same bits, one launch fewer per
+    layer; ddtree/kernels/rope.py)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -70,6 +73,7 @@ class EngineConfig:
     send_ahead: bool = True
     swiglu_epilogue: bool = True
     reduce_fusions: bool = True
+    rope_epilogue: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

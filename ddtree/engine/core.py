@@ -100,11 +100,13 @@ class Engine:
         target.backend = Backend(kernels=target.backend.kernels, invariant=config.invariant,
                                  fused=config.fused_prologues,
                                  swiglu_epilogue=config.swiglu_epilogue,
-                                 reduce_fusions=config.reduce_fusions)
+                                 reduce_fusions=config.reduce_fusions,
+                                 rope_epilogue=config.rope_epilogue)
         if isinstance(drafting, LocalDrafter):
             drafting.backend = dataclasses.replace(drafting.backend,
                                                    swiglu_epilogue=config.swiglu_epilogue,
-                                                   reduce_fusions=config.reduce_fusions)
+                                                   reduce_fusions=config.reduce_fusions,
+                                                   rope_epilogue=config.rope_epilogue)
         depth = drafting.block_size - 1 if drafting is not None else 0
         self.plan = plan or plan_pool(config, target.config, self.device, dtype, 0, depth)
         self.pool: KVPool = target.new_pool(self.plan.num_slots + 1, self.plan.max_len)

@@ -174,7 +174,7 @@ def _linear_kernel(
     last_block = tl.minimum(first_block + blocks_per_split, tl.cdiv(K, BLOCK_K))
     if PREFETCH_LINES > 0:  # dependent launch: this program's weight lines into L2 while
         # the previous kernel finishes (no kernel writes weights: safe before the wait)
-        _prefetch_weights(w_ptr, cols, col_mask, first_block,
+        prefetch_weight_rows(w_ptr, cols, col_mask, first_block,
                           tl.minimum(last_block, first_block + num_prefetch), N, K, stride_wn,
                           BLOCK_K, PREFETCH_LINES, EPILOGUE)
     wait_for_inputs(USE_PDL)
@@ -223,7 +223,7 @@ def _linear_kernel(
 
 
 @triton.jit
-def _prefetch_weights(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
+def prefetch_weight_rows(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
                       BLOCK_K: tl.constexpr, LINES: tl.constexpr, EPILOGUE: tl.constexpr):
     """One L2 prefetch per 128-byte line of the (BLOCK_N, K blocks [first_block,
     last_block)) weight rows this program reads first (LINES lines per BLOCK_K; the up
@@ -363,6 +363,24 @@ class SplitPartials:
     @property
     def shape(self) -> tuple[int, int]:
         return self.part.shape[1], self.part.shape[2]
+
+
+@dataclass(frozen=True)
+class PendingLinear:
+    """A GEMM not run yet, x @ weight.T (+ bias) with the weight's tiling: its consumer
+    runs it with its own operation as the epilogue (rope.rope_store: RoPE and the KV store
+    on the QKV GEMM's tiles) or, where that does not apply, `run()`s it as is."""
+
+    x: Tensor
+    weight: Tensor
+    bias: Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.x.shape[0], self.weight.shape[0]
+
+    def run(self) -> Tensor:
+        return invariant_linear(self.x, self.weight, self.bias)
 
 
 def linear_partials(x: Tensor, weight: Tensor, bias: Tensor | None,

@@ -6,13 +6,32 @@ and finishes them as the GEMM's reduce would (matmul.SplitPartials): one launch 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
-from ddtree.kernels.matmul import SplitPartials
+from ddtree.kernels.launch import (
+    launch_kwargs,
+    prefetch_blocks,
+    prefetch_enabled,
+    use_pdl,
+    wait_for_inputs,
+)
+from ddtree.kernels.matmul import (
+    EPILOGUE_SWIGLU,
+    LinearConfig,
+    PendingLinear,
+    SplitPartials,
+    check_operands,
+    dot_in_float32,
+    linear_config,
+    prefetch_weight_rows,
+    splits_of,
+)
 
 
 def rope_store_reference(
@@ -73,6 +92,19 @@ def _qkv_values(qkv_ptr, part_ptr, bias_ptr, row, col, stride_row, num_rows, wid
     return acc.to(dtype).to(tl.float32)
 
 
+@triton.jit
+def _rotate_halves(x1, x2, angle, dtype: tl.constexpr):
+    """RoPE of a head's halves x1, x2 (float32 holding model-dtype values) at `angle`
+    (float32, same shape): cos and sin rounded to the model dtype; each product and the
+    sum rounded to it too (`x * cos + rotate_half(x) * sin` done op by op in eager) ->
+    (out1, out2) in dtype. Launch without fp contraction (see `rope_store`)."""
+    cos = tl.cos(angle).to(dtype).to(tl.float32)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    out1 = ((x1 * cos).to(dtype).to(tl.float32) - (x2 * sin).to(dtype).to(tl.float32)).to(dtype)
+    out2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
+    return out1, out2
+
+
 @triton.jit(do_not_specialize=["num_rows"])
 def _rope_store_kernel(
     qkv_ptr, part_ptr, bias_ptr, positions_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr,
@@ -105,13 +137,8 @@ def _rope_store_kernel(
         rstd = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / HEAD_DIM + eps)
         x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    # Angles in float32, cos and sin rounded to the model dtype; each product and the sum
-    # rounded to it too: `x * cos + rotate_half(x) * sin` done op by op in eager.
     angle = tl.load(positions_ptr + row).to(tl.float32) * tl.load(inv_freq_ptr + cols)
-    cos = tl.cos(angle).to(dtype).to(tl.float32)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
-    out1 = ((x1 * cos).to(dtype).to(tl.float32) - (x2 * sin).to(dtype).to(tl.float32)).to(dtype)
-    out2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
+    out1, out2 = _rotate_halves(x1, x2, angle, dtype)
     if head < NUM_HEADS:
         dst = q_out_ptr + (row * NUM_HEADS + head) * HEAD_DIM
         tl.store(dst + cols, out1)
@@ -133,8 +160,8 @@ def _rope_store_kernel(
 
 
 def rope_store(
-    qkv: Tensor | SplitPartials, positions: Tensor, inv_freq: Tensor, k_cache: Tensor,
-    v_cache: Tensor,
+    qkv: Tensor | SplitPartials | PendingLinear, positions: Tensor, inv_freq: Tensor,
+    k_cache: Tensor, v_cache: Tensor,
     write_slot: Tensor, write_pos: Tensor, num_heads: int, num_kv_heads: int,
     q_norm_weight: Tensor | None = None, k_norm_weight: Tensor | None = None,
     eps: float = 1e-6,
@@ -144,9 +171,20 @@ def rope_store(
     write_pos: (T,) int; inv_freq: (D/2,) float32; k_cache, v_cache: (num_slots, max_len,
     Hkv, D), head dim contiguous. Writes k and v into the pool; returns q: (T, Hq, D).
     qkv may be the QKV GEMM's split partials (matmul.linear_partials): the same bits as
-    their reduce's qkv, without the reduce's launch."""
+    their reduce's qkv, without the reduce's launch; or the QKV GEMM not run yet
+    (matmul.PendingLinear): where its tiling does not split K and there are no head norms
+    the GEMM runs with this kernel's steps as its epilogue (`_linear_rope_kernel`: the
+    same bits, one launch); otherwise it runs first."""
+    pending = qkv if isinstance(qkv, PendingLinear) else None
+    if pending is not None:
+        config = rope_epilogue_config(pending, num_heads, num_kv_heads,
+                                      q_norm_weight is not None)
+        if config is None:
+            qkv = pending.run()
     partials = qkv if isinstance(qkv, SplitPartials) else None
-    if partials is not None:
+    if pending is not None and config is not None:
+        dtype, device = pending.x.dtype, pending.x.device
+    elif partials is not None:
         assert partials.part.dim() == 3 and partials.part.is_contiguous(), partials.part.shape
         assert partials.part.dtype == torch.float32, partials.part.dtype
         dtype, device = partials.dtype, partials.part.device
@@ -177,6 +215,11 @@ def rope_store(
     q = torch.empty((num_rows, num_heads, head_dim), dtype=dtype, device=device)
     if num_rows == 0:
         return q
+    if pending is not None and config is not None:
+        _launch_linear_rope(pending, config, positions, inv_freq, k_cache, v_cache,
+                            write_slot, write_pos, q)
+        return q
+    assert isinstance(qkv, Tensor)  # qkv, or (split partials) a stand-in for its pointer
     norm_q = q_norm_weight if q_norm_weight is not None else inv_freq
     norm_k = k_norm_weight if k_norm_weight is not None else inv_freq
     pdl = use_pdl(qkv)
@@ -196,3 +239,155 @@ def rope_store(
         enable_fp_fusion=False, **launch_kwargs(pdl),
     )
     return q
+
+
+# ------------------------------------------------------------------ the RoPE epilogue
+# Where the QKV GEMM does not split K and the model has no head norms (Llama, SmolLM2),
+# the GEMM itself rotates and stores: each program accumulates BLOCK_N columns of one
+# head's first half and the BLOCK_N columns HALF to their right (the same A tile, the same
+# K order: each column's sum is the plain GEMM's, as under the SwiGLU epilogue), rounds
+# both as the stored qkv would be, and takes `_rope_store_kernel`'s steps (`_rotate_halves`)
+# for a q or k head, or stores a v head's values. One launch a layer fewer than the GEMM
+# then `rope_store`, and no (T, width) qkv through memory.
+
+
+def rope_epilogue_config(pending: PendingLinear, num_heads: int, num_kv_heads: int,
+                         has_norm: bool) -> LinearConfig | None:
+    """The tiling of the QKV GEMM with the RoPE epilogue: the weight's own for T rows (its
+    K order; matmul.linear_config) with BLOCK_N halved (at most half a head, at least 16),
+    or None where the epilogue does not apply (a tiling that splits K, head norms)."""
+    weight = pending.weight
+    width, hidden = weight.shape
+    head_dim = width // (num_heads + 2 * num_kv_heads)
+    return _rope_epilogue_config(width, hidden, weight.dtype, pending.x.shape[0], head_dim,
+                                 has_norm)
+
+
+@functools.lru_cache(maxsize=256)
+def _rope_epilogue_config(width: int, hidden: int, dtype: torch.dtype, num_rows: int,
+                          head_dim: int, has_norm: bool) -> LinearConfig | None:
+    config = linear_config(width, hidden, dtype, num_rows)
+    half = head_dim // 2
+    block_n = min(half, max(16, config.block_n // 2))
+    if has_norm or splits_of(config, hidden) != 1 or half % block_n:
+        return None
+    return dataclasses.replace(config, block_n=block_n)
+
+
+@triton.jit(do_not_specialize=["num_rows", "num_prefetch"])
+def _linear_rope_kernel(
+    x_ptr, w_ptr, bias_ptr, positions_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr,
+    write_slot_ptr, write_pos_ptr, q_out_ptr, num_rows, K, num_prefetch, stride_xm,
+    stride_wn, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_IEEE: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 0,
+):
+    """Program (m, n): rows m * BLOCK_M.., head n // (HALF / BLOCK_N) (q heads, then k, then
+    v), its columns j, j + HALF for the BLOCK_N values of j its part n % (HALF / BLOCK_N)
+    names. The main loop is `matmul._linear_kernel`'s (no split, plain A tiles)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    head = pid_n // (HALF // BLOCK_N)
+    half_cols = (pid_n % (HALF // BLOCK_N)) * BLOCK_N + tl.arange(0, BLOCK_N)  # j < HALF
+    cols = head * HEAD_DIM + half_cols  # first-half columns of qkv; + HALF the second's
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    row_mask = rows < num_rows
+    col_mask = cols >= 0  # every column exists (BLOCK_N divides HALF)
+    num_blocks = tl.cdiv(K, BLOCK_K)
+    if PREFETCH_LINES > 0:  # both halves' weight rows (the "up" offset: HALF rows below)
+        prefetch_weight_rows(w_ptr, cols, col_mask, 0, tl.minimum(num_blocks, num_prefetch),
+                          HALF, K, stride_wn, BLOCK_K, PREFETCH_LINES, EPILOGUE_SWIGLU)
+    wait_for_inputs(USE_PDL)
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # (BK, BN)
+    second_ptrs = w_ptrs + HALF * stride_wn
+    acc1 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for kb in range(0, num_blocks):  # the plain GEMM's K order
+        k0 = kb * BLOCK_K
+        if EVEN_K:
+            a_mask = row_mask[:, None]
+            b_mask = col_mask[None, :]
+        else:
+            k_mask = (k0 + ks) < K
+            a_mask = row_mask[:, None] & k_mask[None, :]
+            b_mask = col_mask[None, :] & k_mask[:, None]
+        b1 = tl.load(w_ptrs + k0, mask=b_mask, other=0.0)
+        a = tl.load(x_ptrs + k0, mask=a_mask, other=0.0)
+        b2 = tl.load(second_ptrs + k0, mask=b_mask, other=0.0)
+        if DOT_IEEE:
+            acc1 = tl.dot(a.to(tl.float32), b1.to(tl.float32), acc1, input_precision="ieee")
+            acc2 = tl.dot(a.to(tl.float32), b2.to(tl.float32), acc2, input_precision="ieee")
+        else:
+            acc1 = tl.dot(a, b1, acc1)
+            acc2 = tl.dot(a, b2, acc2)
+    dtype = q_out_ptr.dtype.element_ty
+    if HAS_BIAS:  # as `matmul._store_tile`: + bias in float32, then rounded
+        acc1 += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        acc2 += tl.load(bias_ptr + HALF + cols).to(tl.float32)[None, :]
+    x1 = acc1.to(dtype).to(tl.float32)  # qkv's values, as `_qkv_values` loads them
+    x2 = acc2.to(dtype).to(tl.float32)
+    mask = row_mask[:, None]
+    if head < NUM_HEADS + NUM_KV_HEADS:  # q or k: rotated
+        position = tl.load(positions_ptr + rows, mask=row_mask, other=0).to(tl.float32)
+        angle = position[:, None] * tl.load(inv_freq_ptr + half_cols)[None, :]
+        out1, out2 = _rotate_halves(x1, x2, angle, dtype)
+        if head < NUM_HEADS:
+            dst = q_out_ptr + (rows[:, None] * NUM_HEADS + head) * HEAD_DIM + half_cols[None, :]
+            tl.store(dst, out1, mask=mask)
+            tl.store(dst + HALF, out2, mask=mask)
+        else:
+            k_dst = _pool_rows(k_cache_ptr, write_slot_ptr, write_pos_ptr, rows, row_mask,
+                               head - NUM_HEADS, stride_ks, stride_kp, stride_kh)
+            cache_dtype = k_cache_ptr.dtype.element_ty
+            tl.store(k_dst + half_cols[None, :], out1.to(cache_dtype), mask=mask)
+            tl.store(k_dst + HALF + half_cols[None, :], out2.to(cache_dtype), mask=mask)
+    else:  # v: stored as rounded
+        v_dst = _pool_rows(v_cache_ptr, write_slot_ptr, write_pos_ptr, rows, row_mask,
+                           head - NUM_HEADS - NUM_KV_HEADS, stride_vs, stride_vp, stride_vh)
+        cache_dtype = v_cache_ptr.dtype.element_ty
+        tl.store(v_dst + half_cols[None, :], x1.to(cache_dtype), mask=mask)
+        tl.store(v_dst + HALF + half_cols[None, :], x2.to(cache_dtype), mask=mask)
+
+
+@triton.jit
+def _pool_rows(cache_ptr, write_slot_ptr, write_pos_ptr, rows, row_mask, kv_head,
+               stride_s, stride_p, stride_h):
+    """(BM, 1) pointers to where each row's head `kv_head` goes in a pool layer."""
+    slot = tl.load(write_slot_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    pos = tl.load(write_pos_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    return (cache_ptr + slot * stride_s + pos * stride_p + kv_head * stride_h)[:, None]
+
+
+def _launch_linear_rope(pending: PendingLinear, config: LinearConfig, positions: Tensor,
+                        inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor,
+                        write_slot: Tensor, write_pos: Tensor, q: Tensor) -> None:
+    """The RoPE-epilogue GEMM for checked operands (`rope_store`)."""
+    x, weight, bias = pending.x, pending.weight, pending.bias
+    check_operands(x, weight, bias, weight.shape[1])
+    num_rows, hidden = x.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    pdl = use_pdl(x)
+    lines = (max(1, config.block_k * weight.element_size() // 128)
+             if pdl and prefetch_enabled() else 0)
+    num_prefetch = prefetch_blocks(weight.shape[0] * config.block_k * weight.element_size(),
+                                   triton.cdiv(hidden, config.block_k))
+    heads = num_heads + 2 * num_kv_heads
+    grid = (triton.cdiv(num_rows, config.block_m), heads * (head_dim // 2 // config.block_n))
+    _linear_rope_kernel[grid](
+        x, weight, bias if bias is not None else q, positions, inv_freq, k_cache, v_cache,
+        write_slot, write_pos, q, num_rows, hidden, num_prefetch, x.stride(0),
+        weight.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HALF=head_dim // 2, HAS_BIAS=bias is not None,
+        EVEN_K=hidden % config.block_k == 0, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
+        USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        enable_fp_fusion=False,  # as `_rope_store_kernel`'s (the dots are MMAs either way)
+        **launch_kwargs(pdl),
+    )

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ddtree.errors import CheckpointError, IncompatibleModelsError
-from ddtree.kernels.matmul import SplitPartials
+from ddtree.kernels.matmul import PendingLinear, SplitPartials
 from ddtree.models import ops
 from ddtree.models.checkpoint import (
     MAX_SHARD_BYTES,
@@ -82,8 +82,9 @@ class DraftAttention(nn.Module):
         self.qkv_bias = (torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
                          if self.q_proj.bias is not None else None)
 
-    def forward_pool(self, backend: Backend, qkv: Tensor | SplitPartials, meta: AttentionMeta,
-                     inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def forward_pool(self, backend: Backend, qkv: Tensor | SplitPartials | PendingLinear,
+                     meta: AttentionMeta, inv_freq: Tensor, k_cache: Tensor,
+                v_cache: Tensor) -> Tensor:
         """Inference: qkv (T, (Hq+2Hkv)*D), the fused projection of the normed block rows
         (`ops.norm_linear` with `qkv_weight`) -> the attention's output (T, Hq*D), o_proj's
         input (`ops.join_residual`); the block's K/V are written past each row's context
@@ -207,7 +208,7 @@ class DFlashDrafter(nn.Module):
                 "call DFlashDrafter.fuse_weights() first"
             norm = layer.input_layernorm
             qkv, residual = ops.norm_linear(backend, stream, norm.weight, norm.eps,
-                                            attn.qkv_weight, attn.qkv_bias, defer_reduce=True)
+                                            attn.qkv_weight, attn.qkv_bias, defer=True)
             out = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i])
             norm = layer.post_attention_layernorm
             stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,

@@ -15,7 +15,10 @@ at batch 1, docs/performance.md), the per-program norm statistics lengthening ev
 `Backend.reduce_fusions` (on) folds a split-K GEMM's reduce into the operation after it,
 where the tiling splits K: the norm after a projection that joins the residual stream
 (o_proj, down) runs in that GEMM's reduce (`Stream`), and RoPE with the KV store finishes
-the QKV GEMM's partial sums itself (`norm_linear(defer_reduce=True)`, `rope_store`).
+the QKV GEMM's partial sums itself (`norm_linear(defer=True)`, `rope_store`).
+`Backend.rope_epilogue` (on): where the QKV GEMM does not split K and the model has no
+head norms, RoPE and the KV store run as that GEMM's epilogue (`norm_linear(defer=True)`
+leaves the GEMM to `rope_store`; ddtree/kernels/rope.py), one launch fewer per layer.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ class Backend:
     (ddtree.kernels.vocab_topk; only with kernels; the same tokens as torch.topk's);
     reduce_fusions: the norm after o_proj / down in that GEMM's split-K reduce kernel
     (`join_residual`), RoPE on the QKV GEMM's split partials (`norm_linear`'s
-    `defer_reduce`); only with kernels and invariant; the same bits as without;
+    `defer`); only with kernels and invariant; the same bits as without;
+    rope_epilogue: RoPE and the KV store as the QKV GEMM's epilogue where that GEMM does
+    not split K and the model has no head norms (`norm_linear`'s `defer`, `rope_store`);
+    only with kernels and invariant; the same bits as without;
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
     invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
@@ -52,6 +58,7 @@ class Backend:
     fused: bool = False
     swiglu_epilogue: bool = True
     reduce_fusions: bool = True
+    rope_epilogue: bool = True
     tree_build: bool = True
     vocab_topk: bool = True
     attn_tiles: tuple[int, int, int] | None = None  # tree attention's (BLOCK_N, warps,
@@ -124,20 +131,25 @@ def normalize(backend: Backend, stream: Stream, norm_weight: Tensor,
 
 
 def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
-                weight: Tensor, bias: Tensor | None = None,
-                defer_reduce: bool = False) -> tuple[Tensor | matmul.SplitPartials, Tensor]:
+                weight: Tensor, bias: Tensor | None = None, defer: bool = False,
+                ) -> tuple[Tensor | matmul.SplitPartials | matmul.PendingLinear, Tensor]:
     """norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N), h), h the summed
-    residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused. With
-    `defer_reduce` (and `Backend.reduce_fusions`) a tiling that splits K leaves its partial
-    sums for the consumer to finish (matmul.SplitPartials: `rope_store` takes them)."""
+    residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused. With `defer`
+    the QKV GEMM is left to `rope_store` to finish: a tiling that splits K leaves its
+    partial sums (`Backend.reduce_fusions`, matmul.SplitPartials), one that does not is
+    not run yet (`Backend.rope_epilogue`, matmul.PendingLinear: `rope_store` runs it with
+    RoPE as its epilogue)."""
     if backend.fuses_prologues and stream.normed is None:
         return fused_linear.norm_linear(stream.x, stream.residual, norm_weight, eps, weight,
                                         bias)
     normed, h = normalize(backend, stream, norm_weight, eps)
-    if defer_reduce and backend.kernels and backend.invariant and backend.reduce_fusions:
-        partials = matmul.linear_partials(normed, weight, bias)
-        if partials is not None:
-            return partials, h
+    if defer and backend.kernels and backend.invariant:
+        if backend.reduce_fusions:
+            partials = matmul.linear_partials(normed, weight, bias)
+            if partials is not None:
+                return partials, h
+        if backend.rope_epilogue:
+            return matmul.PendingLinear(normed, weight, bias), h
     return linear(backend, normed, weight, bias), h
 
 
@@ -158,17 +170,19 @@ def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | No
     return Stream(reduce(out) if reduce is not None else out, residual)
 
 
-def rope_store(backend: Backend, qkv: Tensor | matmul.SplitPartials, meta: AttentionMeta,
+def rope_store(backend: Backend, qkv: Tensor | matmul.SplitPartials | matmul.PendingLinear,
+               meta: AttentionMeta,
                inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor, num_heads: int,
                num_kv_heads: int, q_norm: Tensor | None, k_norm: Tensor | None,
                eps: float) -> Tensor:
-    """qkv: (T, (Hq + 2 Hkv) D), or the QKV GEMM's split partials (kernels only) ->
+    """qkv: (T, (Hq + 2 Hkv) D), or the QKV GEMM's split partials or the GEMM itself not
+    yet run (`norm_linear`'s `defer`; kernels only) ->
     rotated q (T, Hq, D); k, v stored in the pool layer."""
     if backend.kernels:
         return rope.rope_store(qkv, meta.positions, inv_freq, k_cache, v_cache,
                                meta.write_slot, meta.write_pos, num_heads, num_kv_heads,
                                q_norm, k_norm, eps)
-    assert isinstance(qkv, Tensor), "split partials come from the kernels"
+    assert isinstance(qkv, Tensor), "split partials and pending GEMMs come from the kernels"
     return rope.rope_store_reference(qkv, meta.positions, inv_freq, k_cache, v_cache,
                                      meta.write_slot, meta.write_pos, num_heads, num_kv_heads,
                                      q_norm, k_norm, eps)

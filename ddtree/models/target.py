@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ddtree.errors import CheckpointError, InvalidArgumentError
-from ddtree.kernels.matmul import SplitPartials
+from ddtree.kernels.matmul import PendingLinear, SplitPartials
 from ddtree.models import ops
 from ddtree.models.checkpoint import read_config, read_tensors, require_tensors
 from ddtree.models.kv_pool import KVPool
@@ -98,11 +98,12 @@ class Attention(nn.Module):
         if self.q_proj.bias is not None:
             self.qkv_bias = torch.cat([p.bias for p in projections])  # type: ignore[misc]
 
-    def forward(self, backend: Backend, qkv: Tensor | SplitPartials, meta: AttentionMeta,
-                inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def forward(self, backend: Backend, qkv: Tensor | SplitPartials | PendingLinear,
+                meta: AttentionMeta, inv_freq: Tensor, k_cache: Tensor,
+                v_cache: Tensor) -> Tensor:
         """qkv: (T, (Hq+2Hkv)*D), the fused projection of the normed input (the caller's
-        `ops.norm_linear` with `qkv_weight`; or that GEMM's split partials, which
-        `ops.rope_store` finishes) -> the attention's output (T, Hq*D), o_proj's
+        `ops.norm_linear` with `qkv_weight`; or that GEMM's split partials, or the GEMM
+        not yet run, which `ops.rope_store` finishes) -> the attention's output (T, Hq*D), o_proj's
         input (the caller's `ops.join_residual`); stores this layer's new K/V in the pool
         layer."""
         q = ops.rope_store(
@@ -243,7 +244,7 @@ class TargetModel(nn.Module):
             norm = layer.input_layernorm
             qkv, residual = ops.norm_linear(backend, stream, norm.weight, norm.eps,
                                             attn.qkv_weight, attn.qkv_bias,  # (T, (Hq+2Hkv)D)
-                                            defer_reduce=True)  # or its split partials
+                                            defer=True)  # or its split partials / the GEMM pending
             if index - 1 in feature_layers:
                 captured[index - 1] = residual  # the output of the previous layer
             out = attn(backend, qkv, meta, inv_freq, pool.k[index], pool.v[index])

@@ -257,7 +257,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # (row suffix, invariant GEMMs, fused norm/SwiGLU prologues, the short greedy ar round,
     # the SwiGLU epilogue, dependent launches, their L2 prefetches, modes; "no reduce
     # norms" runs the norms after o_proj / down on their own (EngineConfig.reduce_fusions
-    # off); "PyTorch tree"
+    # off); "no rope epilogue" runs RoPE and the KV store after the QKV GEMM
+    # (EngineConfig.rope_epilogue off); "PyTorch tree"
     # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
     # rows with cuBLAS ar (not batch invariant).
@@ -267,6 +268,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (generic ar)", True, False, False, True, True, True, ("ar",)),
                 (" (no epilogue)", True, False, True, False, True, True, ("ar", "tree@32")),
                 (" (no reduce fusions)", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
+                (" (no rope epilogue)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
@@ -289,7 +292,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue,
-            reduce_fusions=kind != "no reduce fusions"))
+            reduce_fusions=kind != "no reduce fusions",
+            rope_epilogue=kind != "no rope epilogue"))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(
                 engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",

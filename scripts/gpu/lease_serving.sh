@@ -701,6 +701,23 @@ PY
   pack_all $1
   mark done
   ;;
+116)
+  # (after 0-3, carry .carry/g4) RoPE and the KV store as the QKV GEMM's epilogue
+  # (EngineConfig.rope_epilogue, on; the demo target's QKV does not split K and has no
+  # head norms): the pieces alone, bitwise (scripts/gpu/rope_bench.py), the batch-1 table
+  # with and without it beside transformers (every row against the plain ar tokens; the
+  # o_proj split is in the committed table now), then every mode against ar at c1 and c8
+  [ -f $T/config.json ] || stage_target
+  mark "rope_bench"
+  timeout 120 python3 scripts/gpu/rope_bench.py 2>&1 | grep -v Warn | tail -12
+  cp /tmp/rope_bench.json "$OUT/" 2>/dev/null
+  mark "engine_bench speed plain, no rope epilogue"
+  speed_table "plain,no rope epilogue"
+  mark "exact"
+  exact_modes
+  pack_all $1
+  mark done
+  ;;
 115)
   # (after 0-3, carry .carry/g4) the demo's o_proj split 3 ways (call 112: ar +3%; its
   # norm then rides on the reduce too): every mode against ar at c1 and c8 with that

@@ -34,7 +34,7 @@ import ddtree.kernels.tree_attention as attention
 import ddtree.kernels.tree_build as tree_build
 import ddtree.kernels.vocab_topk as vocab_topk
 from ddtree.kernels.fused_linear import linear_norm, norm_linear, swiglu_down
-from ddtree.kernels.matmul import SplitPartials
+from ddtree.kernels.matmul import PendingLinear, SplitPartials
 from ddtree.kernels.rmsnorm import rms_norm
 from ddtree.kernels.rope import rope_store
 from ddtree.kernels.swiglu import silu_mul
@@ -73,12 +73,13 @@ def compile_everything() -> list[tuple[str, object]]:
     driver.set_active(StandInCuda())  # for this process: there is no real one to restore
     JITFunction.run = compile_only
     gpu_dot = matmul.dot_in_float32  # on CPU tensors it would pick the interpreter's upcast
-    matmul.dot_in_float32 = attention.dot_in_float32 = lambda x: x.dtype == torch.float32
+    matmul.dot_in_float32 = attention.dot_in_float32 = rope_module.dot_in_float32 = (
+        lambda x: x.dtype == torch.float32)
     try:
         _launch_all()
     finally:
         JITFunction.run = run
-        matmul.dot_in_float32 = attention.dot_in_float32 = gpu_dot
+        matmul.dot_in_float32 = attention.dot_in_float32 = rope_module.dot_in_float32 = gpu_dot
     return compiled
 
 
@@ -109,6 +110,11 @@ def _launch_all() -> None:
         partials = SplitPartials(torch.randn(2, 2, width), None, bf16)
         rope_store(partials, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
                    num_heads, num_kv_heads, weight, weight)
+        if not norm:  # RoPE and the KV store as the QKV GEMM's epilogue (the demo target)
+            pending = PendingLinear(torch.randn(2, 576).to(bf16),
+                                    torch.empty(width, 576, dtype=bf16), None)
+            rope_store(pending, index, torch.ones(head_dim // 2), pool[0], pool[1], index,
+                       index, num_heads, num_kv_heads)
     silu_mul(torch.randn(2, 2 * 1536).to(bf16))
     for out_features in (960, 3072):  # the demo target's fused prologues
         x = torch.randn(3, 576).to(bf16)

@@ -19,12 +19,13 @@ from ddtree.sampling import SamplingParams
 PROMPT = [5, 6, 7, 8, 9, 10]
 
 
-@pytest.fixture(scope="module")
-def pair() -> tuple[TargetModel, DFlashDrafter]:
-    """A small Qwen3-style pair with the kernels' head dim (64)."""
+def make_pair(family: str) -> tuple[TargetModel, DFlashDrafter]:
+    """A small pair with the kernels' head dim (64): a Qwen3-style target (head norms) or a
+    Llama-style one (none: its QKV GEMM may take RoPE as its epilogue)."""
     torch.manual_seed(0)
+    architecture = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[family]
     target = TargetModel(TargetConfig.from_hf({
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 96,
+        "model_type": family, "architectures": [architecture], "vocab_size": 96,
         "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
         "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "eos_token_id": 0}))
@@ -41,13 +42,19 @@ def pair() -> tuple[TargetModel, DFlashDrafter]:
             drafter.eval().requires_grad_(False).fuse_weights())
 
 
+@pytest.fixture(scope="module")
+def pair() -> tuple[TargetModel, DFlashDrafter]:
+    return make_pair("qwen3")
+
+
 def serve(pair: tuple[TargetModel, DFlashDrafter], kernels: bool, spec: SpecParams,
           sampling: SamplingParams, static_prefill: bool = False,
-          reduce_fusions: bool = True) -> dict[str, list[int]]:
+          reduce_fusions: bool = True, rope_epilogue: bool = True) -> dict[str, list[int]]:
     target, drafter = pair
     target.backend = Backend(kernels=kernels)
     config = EngineConfig(max_num_seqs=2, max_model_len=40, max_budget=8,
-                          static_prefill=static_prefill, reduce_fusions=reduce_fusions)
+                          static_prefill=static_prefill, reduce_fusions=reduce_fusions,
+                          rope_epilogue=rope_epilogue)
     plan = plan_pool(config, target.config, torch.device("cpu"), torch.float32, 0,
                      drafter.config.block_size - 1)
     local = LocalDrafter(drafter, target.embeddings, plan.num_slots, plan.max_model_len,
@@ -149,3 +156,27 @@ def test_the_reduce_fusions_serve_the_tokens_served_without_them(
     # the same tokens as the separate kernels, which serve ar's (the test above)
     assert tree == serve(pair, True, SpecParams("tree", 8), SamplingParams(),
                          reduce_fusions=False)
+
+
+def test_the_rope_epilogue_serves_the_tokens_served_without_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Llama-style target (no head norms, a QKV tiling that does not split K): with RoPE
+    and the KV store as its QKV GEMM's epilogue a tree serves the tokens ar serves on the
+    separate kernels (the GEMM, then `rope_store`)."""
+    from ddtree.kernels import rope
+
+    llama = make_pair("llama")
+    assert not llama[0].config.qk_norm
+    launched = {"epilogue": 0}
+    launch = rope._launch_linear_rope
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        launched["epilogue"] += 1
+        launch(*args)
+
+    monkeypatch.setattr(rope, "_launch_linear_rope", counted)
+    tree = serve(llama, True, SpecParams("tree", 8), SamplingParams())
+    assert launched["epilogue"] > 0
+    launched["epilogue"] = 0
+    assert tree == serve(llama, True, SpecParams("ar"), SamplingParams(), rope_epilogue=False)
+    assert launched["epilogue"] == 0

@@ -4,6 +4,8 @@ and a row does not depend on the batch."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -101,3 +103,96 @@ def test_the_split_partials_give_the_reduced_qkvs_bits(
         assert torch.equal(direct[cache].nan_to_num(), reduced[cache].nan_to_num())
         assert torch.equal(direct[cache].isnan(), reduced[cache].isnan())
     assert linear_partials(x, weight, bias, LinearConfig(32, 32, 32, 1, 4, 2)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows, num_heads, num_kv_heads, head_dim, hidden, block_n, with_bias", [
+    (5, 9, 3, 64, 96, 32, False),  # SmolLM2 heads, K not a whole number of blocks, 2 parts
+    (40, 4, 2, 64, 64, 128, True),  # two row tiles, a whole half per program, a bias
+    (3, 2, 1, 128, 64, 64, False),  # head dim 128
+])
+def test_the_rope_epilogue_gives_the_gemm_then_rope_stores_bits(
+        monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int, num_heads: int,
+        num_kv_heads: int, head_dim: int, hidden: int, block_n: int, with_bias: bool) -> None:
+    """The QKV GEMM left pending (matmul.PendingLinear) runs with RoPE and the KV store as
+    its epilogue: the q, k and v of the GEMM then `rope_store`, bit for bit, and nothing
+    else in the pool touched (NaN)."""
+    from ddtree.kernels import matmul, rope
+    from ddtree.kernels.matmul import LinearConfig, PendingLinear, linear_with_config
+
+    args = problem(rows, num_heads, num_kv_heads, head_dim, dtype, with_norm=False)
+    width = args["qkv"].shape[1]
+    tiling = LinearConfig(32, block_n, 32, 1, 4, 2)
+    monkeypatch.setitem(matmul.TUNED, matmul.tuned_key(width, hidden, dtype),
+                        dataclasses.asdict(tiling))
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=gen).to(dtype)
+    weight = (torch.randn(width, hidden, generator=gen) / 8).to(dtype)
+    bias = torch.randn(width, generator=gen).to(dtype) if with_bias else None
+    pending = PendingLinear(x, weight, bias)
+    config = rope.rope_epilogue_config(pending, num_heads, num_kv_heads, has_norm=False)
+    assert config is not None and config.block_n == min(head_dim // 2, block_n // 2)
+    launched = count_launches(monkeypatch)
+    fused, separate = with_fresh_pool(args), with_fresh_pool(args)
+    fused["qkv"] = pending
+    separate["qkv"] = linear_with_config(x, weight, bias, None, tiling)
+    assert torch.equal(rope_store(**fused), rope_store(**separate))
+    assert launched == [1]
+    for cache in ("k_cache", "v_cache"):
+        assert torch.equal(fused[cache].nan_to_num(), separate[cache].nan_to_num())
+        assert torch.equal(fused[cache].isnan(), separate[cache].isnan())
+
+
+def count_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each launch of the RoPE-epilogue GEMM."""
+    from ddtree.kernels import rope
+
+    launched: list[int] = []
+    launch = rope._launch_linear_rope
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        launched.append(1)
+        launch(*args)
+
+    monkeypatch.setattr(rope, "_launch_linear_rope", counted)
+    return launched
+
+
+@pytest.mark.parametrize("with_norm, split_k", [(True, 1), (False, 2)])
+def test_a_pending_gemm_runs_first_where_the_epilogue_does_not_apply(
+        monkeypatch: pytest.MonkeyPatch, with_norm: bool, split_k: int) -> None:
+    """Head norms (Qwen3) or a tiling that splits K: the GEMM runs, then `rope_store`."""
+    from ddtree.kernels import matmul, rope
+    from ddtree.kernels.matmul import LinearConfig, PendingLinear, invariant_linear
+
+    args = problem(4, 4, 2, 64, torch.float32, with_norm=with_norm)
+    width = args["qkv"].shape[1]
+    monkeypatch.setitem(matmul.TUNED, matmul.tuned_key(width, 64, torch.float32),
+                        dataclasses.asdict(LinearConfig(32, 32, 32, split_k, 4, 2)))
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 64, generator=gen)
+    weight = torch.randn(width, 64, generator=gen) / 8
+    pending = PendingLinear(x, weight, None)
+    assert rope.rope_epilogue_config(pending, 4, 2, has_norm=with_norm) is None
+    launched = count_launches(monkeypatch)
+    fused, separate = with_fresh_pool(args), with_fresh_pool(args)
+    fused["qkv"], separate["qkv"] = pending, invariant_linear(x, weight)
+    assert torch.equal(rope_store(**fused), rope_store(**separate))
+    assert launched == []
+    for cache in ("k_cache", "v_cache"):
+        assert torch.equal(fused[cache].nan_to_num(), separate[cache].nan_to_num())
+
+
+def test_the_rope_epilogue_keeps_a_row_independent_of_the_batch() -> None:
+    from ddtree.kernels.matmul import PendingLinear
+
+    args = problem(6, 9, 3, 64, torch.float16, with_norm=False)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 64, generator=gen).half()
+    weight = (torch.randn(args["qkv"].shape[1], 64, generator=gen) / 8).half()
+    whole = rope_store(**{**with_fresh_pool(args), "qkv": PendingLinear(x, weight, None)})
+    one = with_fresh_pool(args)
+    for key in ("positions", "write_slot", "write_pos"):
+        one[key] = args[key][3:4]
+    one["qkv"] = PendingLinear(x[3:4], weight, None)
+    assert torch.equal(rope_store(**one), whole[3:4])
