@@ -175,8 +175,8 @@ def _linear_kernel(
     if PREFETCH_LINES > 0:  # dependent launch: this program's weight lines into L2 while
         # the previous kernel finishes (no kernel writes weights: safe before the wait)
         prefetch_weight_rows(w_ptr, cols, col_mask, first_block,
-                          tl.minimum(last_block, first_block + num_prefetch), N, K, stride_wn,
-                          BLOCK_K, PREFETCH_LINES, EPILOGUE)
+                             tl.minimum(last_block, first_block + num_prefetch), N, K,
+                             stride_wn, BLOCK_K, PREFETCH_LINES, EPILOGUE)
     wait_for_inputs(USE_PDL)
     if PROLOGUE == NORM:  # every program needs its rows' statistics over all of K
         store_rows = row_mask & ((tl.zeros([BLOCK_M], tl.int32) + pid_n + pid_k) == 0)

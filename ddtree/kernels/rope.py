@@ -247,8 +247,11 @@ def rope_store(
 # head's first half and the BLOCK_N columns HALF to their right (the same A tile, the same
 # K order: each column's sum is the plain GEMM's, as under the SwiGLU epilogue), rounds
 # both as the stored qkv would be, and takes `_rope_store_kernel`'s steps (`_rotate_halves`)
-# for a q or k head, or stores a v head's values. One launch a layer fewer than the GEMM
-# then `rope_store`, and no (T, width) qkv through memory.
+# for a q or k head, or stores a v head's values. A q or k tile goes through qkv (stored,
+# then read back 16 rows at a time within the program) so that the rotation's float work
+# covers only the rows that exist: rotating the whole 64-row tile made the kernel slower
+# than the GEMM then `rope_store` at T = 1 (H200, lease 34: 6.40 against 5.46 us). One
+# launch a layer fewer than the GEMM then `rope_store`.
 
 
 def rope_epilogue_config(pending: PendingLinear, num_heads: int, num_kv_heads: int,
@@ -277,12 +280,13 @@ def _rope_epilogue_config(width: int, hidden: int, dtype: torch.dtype, num_rows:
 @triton.jit(do_not_specialize=["num_rows", "num_prefetch"])
 def _linear_rope_kernel(
     x_ptr, w_ptr, bias_ptr, positions_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr,
-    write_slot_ptr, write_pos_ptr, q_out_ptr, num_rows, K, num_prefetch, stride_xm,
+    write_slot_ptr, write_pos_ptr, q_out_ptr, qkv_ptr, num_rows, K, num_prefetch, stride_xm,
     stride_wn, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    HALF: tl.constexpr, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_IEEE: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 0,
+    DOT_IEEE: tl.constexpr, ROWS: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
+    PREFETCH_LINES: tl.constexpr = 0,
 ):
     """Program (m, n): rows m * BLOCK_M.., head n // (HALF / BLOCK_N) (q heads, then k, then
     v), its columns j, j + HALF for the BLOCK_N values of j its part n % (HALF / BLOCK_N)
@@ -299,7 +303,7 @@ def _linear_rope_kernel(
     num_blocks = tl.cdiv(K, BLOCK_K)
     if PREFETCH_LINES > 0:  # both halves' weight rows (the "up" offset: HALF rows below)
         prefetch_weight_rows(w_ptr, cols, col_mask, 0, tl.minimum(num_blocks, num_prefetch),
-                          HALF, K, stride_wn, BLOCK_K, PREFETCH_LINES, EPILOGUE_SWIGLU)
+                             HALF, K, stride_wn, BLOCK_K, PREFETCH_LINES, EPILOGUE_SWIGLU)
     wait_for_inputs(USE_PDL)
     x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]  # (BM, BK)
     w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # (BK, BN)
@@ -328,29 +332,44 @@ def _linear_rope_kernel(
     if HAS_BIAS:  # as `matmul._store_tile`: + bias in float32, then rounded
         acc1 += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
         acc2 += tl.load(bias_ptr + HALF + cols).to(tl.float32)[None, :]
-    x1 = acc1.to(dtype).to(tl.float32)  # qkv's values, as `_qkv_values` loads them
-    x2 = acc2.to(dtype).to(tl.float32)
     mask = row_mask[:, None]
-    if head < NUM_HEADS + NUM_KV_HEADS:  # q or k: rotated
-        position = tl.load(positions_ptr + rows, mask=row_mask, other=0).to(tl.float32)
-        angle = position[:, None] * tl.load(inv_freq_ptr + half_cols)[None, :]
-        out1, out2 = _rotate_halves(x1, x2, angle, dtype)
-        if head < NUM_HEADS:
-            dst = q_out_ptr + (rows[:, None] * NUM_HEADS + head) * HEAD_DIM + half_cols[None, :]
-            tl.store(dst, out1, mask=mask)
-            tl.store(dst + HALF, out2, mask=mask)
-        else:
-            k_dst = _pool_rows(k_cache_ptr, write_slot_ptr, write_pos_ptr, rows, row_mask,
-                               head - NUM_HEADS, stride_ks, stride_kp, stride_kh)
-            cache_dtype = k_cache_ptr.dtype.element_ty
-            tl.store(k_dst + half_cols[None, :], out1.to(cache_dtype), mask=mask)
-            tl.store(k_dst + HALF + half_cols[None, :], out2.to(cache_dtype), mask=mask)
-    else:  # v: stored as rounded
+    if head < NUM_HEADS + NUM_KV_HEADS:  # q or k: rotated, ROWS rows at a time
+        # The tile's rounded values go to qkv (as the plain GEMM stores them) and come back
+        # ROWS rows at a time: the rotation's float work is then spent on the rows that
+        # exist (at T = 1 a whole tile of cos / sin took ~3 us on 4 warps).
+        tile = qkv_ptr + rows[:, None] * WIDTH + cols[None, :]
+        tl.store(tile, acc1.to(dtype), mask=mask)
+        tl.store(tile + HALF, acc2.to(dtype), mask=mask)
+        tl.debug_barrier()  # this program's stores visible to all its threads
+        inv_freq = tl.load(inv_freq_ptr + half_cols)
+        first_row = pid_m.to(tl.int64) * BLOCK_M
+        last_row = tl.minimum(first_row + BLOCK_M, num_rows)
+        for start in range(first_row, last_row, ROWS):
+            chunk = start + tl.arange(0, ROWS)
+            chunk_mask = chunk < last_row
+            values = qkv_ptr + chunk[:, None] * WIDTH + cols[None, :]
+            x1 = tl.load(values, mask=chunk_mask[:, None], other=0.0).to(tl.float32)
+            x2 = tl.load(values + HALF, mask=chunk_mask[:, None], other=0.0).to(tl.float32)
+            position = tl.load(positions_ptr + chunk, mask=chunk_mask, other=0).to(tl.float32)
+            out1, out2 = _rotate_halves(x1, x2, position[:, None] * inv_freq[None, :], dtype)
+            if head < NUM_HEADS:
+                dst = (q_out_ptr + (chunk[:, None] * NUM_HEADS + head) * HEAD_DIM
+                       + half_cols[None, :])
+                tl.store(dst, out1, mask=chunk_mask[:, None])
+                tl.store(dst + HALF, out2, mask=chunk_mask[:, None])
+            else:
+                k_dst = _pool_rows(k_cache_ptr, write_slot_ptr, write_pos_ptr, chunk,
+                                   chunk_mask, head - NUM_HEADS, stride_ks, stride_kp,
+                                   stride_kh) + half_cols[None, :]
+                cache_dtype = k_cache_ptr.dtype.element_ty
+                tl.store(k_dst, out1.to(cache_dtype), mask=chunk_mask[:, None])
+                tl.store(k_dst + HALF, out2.to(cache_dtype), mask=chunk_mask[:, None])
+    else:  # v: stored as rounded, straight from the tile
         v_dst = _pool_rows(v_cache_ptr, write_slot_ptr, write_pos_ptr, rows, row_mask,
                            head - NUM_HEADS - NUM_KV_HEADS, stride_vs, stride_vp, stride_vh)
         cache_dtype = v_cache_ptr.dtype.element_ty
-        tl.store(v_dst + half_cols[None, :], x1.to(cache_dtype), mask=mask)
-        tl.store(v_dst + HALF + half_cols[None, :], x2.to(cache_dtype), mask=mask)
+        tl.store(v_dst + half_cols[None, :], acc1.to(dtype).to(cache_dtype), mask=mask)
+        tl.store(v_dst + HALF + half_cols[None, :], acc2.to(dtype).to(cache_dtype), mask=mask)
 
 
 @triton.jit
@@ -378,12 +397,13 @@ def _launch_linear_rope(pending: PendingLinear, config: LinearConfig, positions:
                                    triton.cdiv(hidden, config.block_k))
     heads = num_heads + 2 * num_kv_heads
     grid = (triton.cdiv(num_rows, config.block_m), heads * (head_dim // 2 // config.block_n))
+    qkv = x.new_empty((num_rows, heads * head_dim))  # q's and k's values between the steps
     _linear_rope_kernel[grid](
         x, weight, bias if bias is not None else q, positions, inv_freq, k_cache, v_cache,
-        write_slot, write_pos, q, num_rows, hidden, num_prefetch, x.stride(0),
+        write_slot, write_pos, q, qkv, num_rows, hidden, num_prefetch, x.stride(0),
         weight.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HALF=head_dim // 2, HAS_BIAS=bias is not None,
+        HALF=head_dim // 2, WIDTH=heads * head_dim, HAS_BIAS=bias is not None,
         EVEN_K=hidden % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
         USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
