@@ -718,6 +718,21 @@ PY
   pack_all $1
   mark done
   ;;
+117)
+  # (after 0-3 on a fresh machine, carry .carry/g4) with the RoPE epilogue: the batch-1
+  # table beside transformers once more (another machine's transformers), then call 105's
+  # points through `ddtree serve` (tree@16 c8 / c1, ar c8 / c1) and in process over the
+  # same 160 requests: the gateway's ratios with this session's kernels
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed plain"
+  speed_table plain
+  SHARED=1 RUN=rope serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  pack_all $1
+  mark done
+  ;;
 115)
   # (after 0-3, carry .carry/g4) the demo's o_proj split 3 ways (call 112: ar +3%; its
   # norm then rides on the reduce too): every mode against ar at c1 and c8 with that
