@@ -718,6 +718,24 @@ PY
   pack_all $1
   mark done
   ;;
+118)
+  # (after 0-3, carry .carry/g4) the RoPE epilogue with Qwen3's head norms too (the demo
+  # drafter's QKV, its context store's; one fixed pairwise tree for a head's squares in
+  # both kernels): the pieces, bitwise; the batch-1 table with and without the epilogue;
+  # every mode against ar at c1 and c8; the 8B shapes once (its drafter's context store
+  # now takes RoPE from the QKV partials)
+  [ -f $T/config.json ] || stage_target
+  mark "rope_bench"
+  timeout 120 python3 scripts/gpu/rope_bench.py 2>&1 | grep -v Warn | tail -20
+  cp /tmp/rope_bench.json "$OUT/" 2>/dev/null
+  mark "engine_bench speed plain, no rope epilogue"
+  speed_table "plain,no rope epilogue"
+  mark "exact"
+  exact_modes
+  shapes8b_runs -
+  pack_all $1
+  mark done
+  ;;
 117)
   # (after 0-3 on a fresh machine, carry .carry/g4) with the RoPE epilogue: the batch-1
   # table beside transformers once more (another machine's transformers), then call 105's
