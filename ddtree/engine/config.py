@@ -52,9 +52,9 @@ class EngineConfig:
     reduce_fusions: the norm after o_proj / down (and the residual add) runs in that GEMM's
     split-K reduce kernel where its tiling splits K (same bits, one launch fewer each;
     the target's layers and a local drafter's; `ops.join_residual`);
-    rope_epilogue: RoPE (with Qwen3's head norms) and the KV store run as the QKV GEMM's
-    epilogue where that GEMM does not split K (same bits, one launch fewer per layer, the
-    target's layers and a local drafter's; ddtree/kernels/rope.py)."""
+    rope_epilogue: RoPE and the KV store run as the QKV GEMM's epilogue where that GEMM
+    does not split K and the model has no head norms (same bits, one launch fewer per
+    layer; ddtree/kernels/rope.py)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024

@@ -93,39 +93,6 @@ def _qkv_values(qkv_ptr, part_ptr, bias_ptr, row, col, stride_row, num_rows, wid
 
 
 @triton.jit
-def _pair_sums(x, ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    """(ROWS, 1, WIDTH) -> (ROWS, 1, WIDTH / 2): neighbours (2i, 2i + 1) added."""
-    left, right = tl.split(tl.reshape(x, [ROWS, 1, WIDTH // 2, 2]))
-    return left + right
-
-
-@triton.jit
-def _head_rstd(x1, x2, eps, ROWS: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
-    """Qwen3's head-norm statistics of (ROWS, HALF) halves x1, x2 (float32) -> (ROWS, 1)
-    rstd. Each half's sum of squares is added up in one fixed pairwise tree (neighbours,
-    level after level), whatever the layout of the registers holding it: a one-row program
-    and a 16-row tile of the RoPE epilogue get the same bits (a `tl.sum` would follow the
-    layout). Launch without fp contraction (as both kernels are)."""
-    sums1 = tl.reshape(x1 * x1, [ROWS, 1, HALF])
-    sums2 = tl.reshape(x2 * x2, [ROWS, 1, HALF])
-    for level in tl.static_range(LOG2_HALF):
-        sums1 = _pair_sums(sums1, ROWS, HALF >> level)
-        sums2 = _pair_sums(sums2, ROWS, HALF >> level)
-    total = tl.reshape(sums1, [ROWS, 1]) + tl.reshape(sums2, [ROWS, 1])
-    return tl.rsqrt(total / HEAD_DIM + eps)
-
-
-@triton.jit
-def _head_norm_halves(x1, x2, w1, w2, rstd, dtype: tl.constexpr):
-    """The normed halves: float32 statistics, cast to the model dtype, then the weight
-    (eager's steps: `weight * (x * rstd).to(dtype)`), as float32 of model-dtype values."""
-    x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    return x1, x2
-
-
-@triton.jit
 def _rotate_halves(x1, x2, angle, dtype: tl.constexpr):
     """RoPE of a head's halves x1, x2 (float32 holding model-dtype values) at `angle`
     (float32, same shape): cos and sin rounded to the model dtype; each product and the
@@ -144,8 +111,7 @@ def _rope_store_kernel(
     write_slot_ptr, write_pos_ptr, q_norm_ptr, k_norm_ptr, q_out_ptr, eps, num_rows, width,
     stride_row, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr, LOG2_HALF: tl.constexpr, HAS_NORM: tl.constexpr,
-    SPLIT_K: tl.constexpr = 0,
+    HALF: tl.constexpr, HAS_NORM: tl.constexpr, SPLIT_K: tl.constexpr = 0,
     HAS_BIAS: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     """Program (t, h): query head h < Hq, or key head h - Hq together with value head
@@ -168,9 +134,9 @@ def _rope_store_kernel(
         else:
             w1 = tl.load(k_norm_ptr + cols).to(tl.float32)
             w2 = tl.load(k_norm_ptr + HALF + cols).to(tl.float32)
-        rstd = tl.reshape(_head_rstd(x1[None, :], x2[None, :], eps, 1, HALF, LOG2_HALF,
-                                     HEAD_DIM), [1])
-        x1, x2 = _head_norm_halves(x1, x2, w1, w2, rstd, dtype)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / HEAD_DIM + eps)
+        x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     angle = tl.load(positions_ptr + row).to(tl.float32) * tl.load(inv_freq_ptr + cols)
     out1, out2 = _rotate_halves(x1, x2, angle, dtype)
     if head < NUM_HEADS:
@@ -206,9 +172,9 @@ def rope_store(
     Hkv, D), head dim contiguous. Writes k and v into the pool; returns q: (T, Hq, D).
     qkv may be the QKV GEMM's split partials (matmul.linear_partials): the same bits as
     their reduce's qkv, without the reduce's launch; or the QKV GEMM not run yet
-    (matmul.PendingLinear): where its tiling does not split K the GEMM runs with this
-    kernel's steps as its epilogue (`_linear_rope_kernel`: the same bits, one launch);
-    otherwise it runs first."""
+    (matmul.PendingLinear): where its tiling does not split K and there are no head norms
+    the GEMM runs with this kernel's steps as its epilogue (`_linear_rope_kernel`: the
+    same bits, one launch); otherwise it runs first."""
     pending = qkv if isinstance(qkv, PendingLinear) else None
     if pending is not None:
         config = rope_epilogue_config(pending, num_heads, num_kv_heads,
@@ -251,7 +217,7 @@ def rope_store(
         return q
     if pending is not None and config is not None:
         _launch_linear_rope(pending, config, positions, inv_freq, k_cache, v_cache,
-                            write_slot, write_pos, q, q_norm_weight, k_norm_weight, eps)
+                            write_slot, write_pos, q)
         return q
     assert isinstance(qkv, Tensor)  # qkv, or (split partials) a stand-in for its pointer
     norm_q = q_norm_weight if q_norm_weight is not None else inv_freq
@@ -263,7 +229,7 @@ def rope_store(
         positions, inv_freq, k_cache, v_cache, write_slot, write_pos, norm_q, norm_k, q,
         eps, num_rows, width, qkv.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HALF=head_dim // 2, LOG2_HALF=(head_dim // 2).bit_length() - 1, HAS_NORM=has_norm,
+        HALF=head_dim // 2, HAS_NORM=has_norm,
         SPLIT_K=partials.part.shape[0] if partials is not None else 0,
         HAS_BIAS=bias is not None, USE_PDL=pdl,
         num_warps=1 if head_dim <= 64 else 2,
@@ -276,8 +242,8 @@ def rope_store(
 
 
 # ------------------------------------------------------------------ the RoPE epilogue
-# Where the QKV GEMM does not split K (the demo target and drafter; the 8B's split), the
-# GEMM itself rotates and stores: each program accumulates BLOCK_N columns of one
+# Where the QKV GEMM does not split K and the model has no head norms (Llama, SmolLM2),
+# the GEMM itself rotates and stores: each program accumulates BLOCK_N columns of one
 # head's first half and the BLOCK_N columns HALF to their right (the same A tile, the same
 # K order: each column's sum is the plain GEMM's, as under the SwiGLU epilogue), rounds
 # both as the stored qkv would be, and takes `_rope_store_kernel`'s steps (`_rotate_halves`)
@@ -285,16 +251,14 @@ def rope_store(
 # then read back 16 rows at a time within the program) so that the rotation's float work
 # covers only the rows that exist: rotating the whole 64-row tile made the kernel slower
 # than the GEMM then `rope_store` at T = 1 (H200, lease 34: 6.40 against 5.46 us). One
-# launch a layer fewer than the GEMM then `rope_store`. With Qwen3's head norms a program
-# holds whole heads (BLOCK_N = HALF) and both kernels sum a head's squares in one fixed
-# pairwise tree (`_head_rstd`), so the statistics do not follow the register layout.
+# launch a layer fewer than the GEMM then `rope_store`.
 
 
 def rope_epilogue_config(pending: PendingLinear, num_heads: int, num_kv_heads: int,
                          has_norm: bool) -> LinearConfig | None:
     """The tiling of the QKV GEMM with the RoPE epilogue: the weight's own for T rows (its
-    K order; matmul.linear_config) with BLOCK_N halved (at most half a head, at least 16;
-    half a head with head norms), or None where the tiling splits K."""
+    K order; matmul.linear_config) with BLOCK_N halved (at most half a head, at least 16),
+    or None where the epilogue does not apply (a tiling that splits K, head norms)."""
     weight = pending.weight
     width, hidden = weight.shape
     head_dim = width // (num_heads + 2 * num_kv_heads)
@@ -307,9 +271,8 @@ def _rope_epilogue_config(width: int, hidden: int, dtype: torch.dtype, num_rows:
                           head_dim: int, has_norm: bool) -> LinearConfig | None:
     config = linear_config(width, hidden, dtype, num_rows)
     half = head_dim // 2
-    # head norms need the whole head in one program
-    block_n = half if has_norm else min(half, max(16, config.block_n // 2))
-    if splits_of(config, hidden) != 1 or half % block_n:
+    block_n = min(half, max(16, config.block_n // 2))
+    if has_norm or splits_of(config, hidden) != 1 or half % block_n:
         return None
     return dataclasses.replace(config, block_n=block_n)
 
@@ -317,11 +280,10 @@ def _rope_epilogue_config(width: int, hidden: int, dtype: torch.dtype, num_rows:
 @triton.jit(do_not_specialize=["num_rows", "num_prefetch"])
 def _linear_rope_kernel(
     x_ptr, w_ptr, bias_ptr, positions_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr,
-    write_slot_ptr, write_pos_ptr, q_norm_ptr, k_norm_ptr, q_out_ptr, qkv_ptr, eps, num_rows,
-    K, num_prefetch, stride_xm, stride_wn, stride_ks, stride_kp, stride_kh, stride_vs,
-    stride_vp, stride_vh, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, LOG2_HALF: tl.constexpr, WIDTH: tl.constexpr,
-    HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    write_slot_ptr, write_pos_ptr, q_out_ptr, qkv_ptr, num_rows, K, num_prefetch, stride_xm,
+    stride_wn, stride_ks, stride_kp, stride_kh, stride_vs, stride_vp, stride_vh,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IEEE: tl.constexpr, ROWS: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     PREFETCH_LINES: tl.constexpr = 0,
@@ -380,12 +342,6 @@ def _linear_rope_kernel(
         tl.store(tile + HALF, acc2.to(dtype), mask=mask)
         tl.debug_barrier()  # this program's stores visible to all its threads
         inv_freq = tl.load(inv_freq_ptr + half_cols)
-        if head < NUM_HEADS:  # the head norm's weights (HAS_NORM)
-            w1 = tl.load(q_norm_ptr + half_cols).to(tl.float32)
-            w2 = tl.load(q_norm_ptr + HALF + half_cols).to(tl.float32)
-        else:
-            w1 = tl.load(k_norm_ptr + half_cols).to(tl.float32)
-            w2 = tl.load(k_norm_ptr + HALF + half_cols).to(tl.float32)
         first_row = pid_m.to(tl.int64) * BLOCK_M
         last_row = tl.minimum(first_row + BLOCK_M, num_rows)
         for start in range(first_row, last_row, ROWS):
@@ -394,9 +350,6 @@ def _linear_rope_kernel(
             values = qkv_ptr + chunk[:, None] * WIDTH + cols[None, :]
             x1 = tl.load(values, mask=chunk_mask[:, None], other=0.0).to(tl.float32)
             x2 = tl.load(values + HALF, mask=chunk_mask[:, None], other=0.0).to(tl.float32)
-            if HAS_NORM:  # (BLOCK_N = HALF: the program holds whole heads)
-                rstd = _head_rstd(x1, x2, eps, ROWS, HALF, LOG2_HALF, HEAD_DIM)  # (ROWS, 1)
-                x1, x2 = _head_norm_halves(x1, x2, w1[None, :], w2[None, :], rstd, dtype)
             position = tl.load(positions_ptr + chunk, mask=chunk_mask, other=0).to(tl.float32)
             out1, out2 = _rotate_halves(x1, x2, position[:, None] * inv_freq[None, :], dtype)
             if head < NUM_HEADS:
@@ -430,9 +383,7 @@ def _pool_rows(cache_ptr, write_slot_ptr, write_pos_ptr, rows, row_mask, kv_head
 
 def _launch_linear_rope(pending: PendingLinear, config: LinearConfig, positions: Tensor,
                         inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor,
-                        write_slot: Tensor, write_pos: Tensor, q: Tensor,
-                        q_norm_weight: Tensor | None, k_norm_weight: Tensor | None,
-                        eps: float) -> None:
+                        write_slot: Tensor, write_pos: Tensor, q: Tensor) -> None:
     """The RoPE-epilogue GEMM for checked operands (`rope_store`)."""
     x, weight, bias = pending.x, pending.weight, pending.bias
     check_operands(x, weight, bias, weight.shape[1])
@@ -449,13 +400,10 @@ def _launch_linear_rope(pending: PendingLinear, config: LinearConfig, positions:
     qkv = x.new_empty((num_rows, heads * head_dim))  # q's and k's values between the steps
     _linear_rope_kernel[grid](
         x, weight, bias if bias is not None else q, positions, inv_freq, k_cache, v_cache,
-        write_slot, write_pos,
-        q_norm_weight if q_norm_weight is not None else inv_freq,
-        k_norm_weight if k_norm_weight is not None else inv_freq, q, qkv, eps, num_rows,
-        hidden, num_prefetch, x.stride(0), weight.stride(0), *k_cache.stride()[:3],
-        *v_cache.stride()[:3], NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim, HALF=head_dim // 2, LOG2_HALF=(head_dim // 2).bit_length() - 1,
-        WIDTH=heads * head_dim, HAS_NORM=q_norm_weight is not None, HAS_BIAS=bias is not None,
+        write_slot, write_pos, q, qkv, num_rows, hidden, num_prefetch, x.stride(0),
+        weight.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HALF=head_dim // 2, WIDTH=heads * head_dim, HAS_BIAS=bias is not None,
         EVEN_K=hidden % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
         USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,

@@ -171,8 +171,7 @@ class DFlashDrafter(nn.Module):
         means to keep (rows past them are overwritten by the next block).
 
         Each layer is the attention prologue alone: the fused QKV projection and the
-        RoPE + store kernel, one kernel where the tiling allows (`ops.qkv_for_rope`; its q
-        is not needed; computing it costs less than a launch)."""
+        RoPE + store kernel (its q is not needed; computing it costs less than a launch)."""
         batch, num_new, hidden = fused.shape
         self.store_context(pool, context_meta(slots, start, num_new),
                            fused.reshape(batch * num_new, hidden), backend)
@@ -184,7 +183,7 @@ class DFlashDrafter(nn.Module):
         for i, module in enumerate(self.layers):
             attn = cast(DraftLayer, module).self_attn
             assert attn.qkv_weight is not None, "call DFlashDrafter.fuse_weights() first"
-            qkv = ops.qkv_for_rope(backend, x, attn.qkv_weight, attn.qkv_bias)
+            qkv = ops.linear(backend, x, attn.qkv_weight, attn.qkv_bias)
             ops.rope_store(backend, qkv, meta, self.rotary.inv_freq, pool.k[i], pool.v[i],
                            attn.num_heads, attn.num_kv_heads, attn.q_norm.weight,
                            attn.k_norm.weight, attn.q_norm.eps)

@@ -16,10 +16,9 @@ at batch 1, docs/performance.md), the per-program norm statistics lengthening ev
 where the tiling splits K: the norm after a projection that joins the residual stream
 (o_proj, down) runs in that GEMM's reduce (`Stream`), and RoPE with the KV store finishes
 the QKV GEMM's partial sums itself (`norm_linear(defer=True)`, `rope_store`).
-`Backend.rope_epilogue` (on): where the QKV GEMM does not split K, RoPE (with Qwen3's head
-norms) and the KV store run as that GEMM's epilogue (`norm_linear(defer=True)` and
-`qkv_for_rope` leave the GEMM to `rope_store`; ddtree/kernels/rope.py), one launch fewer
-per layer.
+`Backend.rope_epilogue` (on): where the QKV GEMM does not split K and the model has no
+head norms, RoPE and the KV store run as that GEMM's epilogue (`norm_linear(defer=True)`
+leaves the GEMM to `rope_store`; ddtree/kernels/rope.py), one launch fewer per layer.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ class Backend:
     (`join_residual`), RoPE on the QKV GEMM's split partials (`norm_linear`'s
     `defer`); only with kernels and invariant; the same bits as without;
     rope_epilogue: RoPE and the KV store as the QKV GEMM's epilogue where that GEMM does
-    not split K (`norm_linear`'s `defer`, `qkv_for_rope`, `rope_store`);
+    not split K and the model has no head norms (`norm_linear`'s `defer`, `rope_store`);
     only with kernels and invariant; the same bits as without;
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
@@ -144,25 +143,14 @@ def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: floa
         return fused_linear.norm_linear(stream.x, stream.residual, norm_weight, eps, weight,
                                         bias)
     normed, h = normalize(backend, stream, norm_weight, eps)
-    if defer:
-        return qkv_for_rope(backend, normed, weight, bias), h
-    return linear(backend, normed, weight, bias), h
-
-
-def qkv_for_rope(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None = None,
-                 ) -> Tensor | matmul.SplitPartials | matmul.PendingLinear:
-    """The QKV projection x (T, H) -> (T, N) for `rope_store` to finish where the kernels
-    allow: the split partials of a tiling that splits K (`Backend.reduce_fusions`), or the
-    GEMM not yet run (`Backend.rope_epilogue`: `rope_store` runs it with RoPE as its
-    epilogue); else the projection itself."""
-    if backend.kernels and backend.invariant:
+    if defer and backend.kernels and backend.invariant:
         if backend.reduce_fusions:
-            partials = matmul.linear_partials(x, weight, bias)
+            partials = matmul.linear_partials(normed, weight, bias)
             if partials is not None:
-                return partials
+                return partials, h
         if backend.rope_epilogue:
-            return matmul.PendingLinear(x, weight, bias)
-    return linear(backend, x, weight, bias)
+            return matmul.PendingLinear(normed, weight, bias), h
+    return linear(backend, normed, weight, bias), h
 
 
 def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None,

@@ -1,8 +1,8 @@
 # ruff: noqa: B023 (each case runs inside its own loop iteration)
 """RoPE and the KV store as the QKV GEMM's epilogue (`rope.rope_store` of a
-`matmul.PendingLinear`) against the GEMM then `rope_store`, at the demo's QKV and a
-head-dim-128 shape, with and without Qwen3's head norms: bitwise (q, the pool's k and v)
-and graph replay, us per call. Run on the GPU machine:
+`matmul.PendingLinear`) against the GEMM then `rope_store`, at the demo target's QKV and a
+head-dim-128 shape: bitwise (q, the pool's k and v) and graph replay, us per call. Run on
+the GPU machine:
 
     python3 scripts/gpu/rope_bench.py        # table on stdout, /tmp/rope_bench.json
 """
@@ -21,24 +21,21 @@ from ddtree.kernels.rope import rope_epilogue_config, rope_store  # noqa: E402
 from tests.kernels.timing import graph_replay_us  # noqa: E402
 
 BF16 = torch.bfloat16
-# name: (hidden, heads, KV heads, head dim, Qwen3's head norms)
+# name: (hidden, heads, KV heads, head dim)
 SHAPES = {
-    "demo QKV 960x576": (576, 9, 3, 64, False),
-    "drafter QKV 960x576, norms": (576, 9, 3, 64, True),
-    "QKV 1536x1024, head dim 128": (1024, 8, 2, 128, False),
-    "QKV 1536x1024, hd 128, norms": (1024, 8, 2, 128, True),
+    "demo QKV 960x576": (576, 9, 3, 64),
+    "QKV 1536x1024, head dim 128": (1024, 8, 2, 128),
 }
 
 
 def main() -> None:
     torch.manual_seed(0)
     rows = []
-    for name, (hidden, heads, kv_heads, head_dim, norms) in SHAPES.items():
+    for name, (hidden, heads, kv_heads, head_dim) in SHAPES.items():
         width = (heads + 2 * kv_heads) * head_dim
         weight = (torch.randn(width, hidden, device="cuda") / 32).to(BF16)
         inv_freq = 1.0 / (1e4 ** (torch.arange(0, head_dim, 2, device="cuda").float()
                                   / head_dim))
-        norm = ((1 + torch.randn(head_dim, device="cuda") / 5).to(BF16) if norms else None)
         for num_rows in (1, 17, 64, 136, 300):
             x = torch.randn(num_rows, hidden, device="cuda").to(BF16)
             pools = [torch.full((2, 4, 512, kv_heads, head_dim), float("nan"), device="cuda",
@@ -46,16 +43,15 @@ def main() -> None:
             slot = torch.randint(0, 4, (num_rows,), device="cuda")
             pos = torch.randperm(512, device="cuda")[:num_rows]
             positions = torch.randint(0, 4000, (num_rows,), device="cuda")
-            config = rope_epilogue_config(PendingLinear(x, weight, None), heads, kv_heads,
-                                          norms)
+            config = rope_epilogue_config(PendingLinear(x, weight, None), heads, kv_heads, False)
 
             def fused(pool: torch.Tensor = pools[0]) -> torch.Tensor:
                 return rope_store(PendingLinear(x, weight, None), positions, inv_freq,
-                                  pool[0], pool[1], slot, pos, heads, kv_heads, norm, norm)
+                                  pool[0], pool[1], slot, pos, heads, kv_heads)
 
             def separate(pool: torch.Tensor = pools[1]) -> torch.Tensor:
                 return rope_store(invariant_linear(x, weight), positions, inv_freq, pool[0],
-                                  pool[1], slot, pos, heads, kv_heads, norm, norm)
+                                  pool[1], slot, pos, heads, kv_heads)
 
             q_fused, q_separate = fused(), separate()
             same = (torch.equal(q_fused, q_separate)

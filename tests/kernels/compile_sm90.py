@@ -110,11 +110,11 @@ def _launch_all() -> None:
         partials = SplitPartials(torch.randn(2, 2, width), None, bf16)
         rope_store(partials, index, torch.ones(head_dim // 2), pool[0], pool[1], index, index,
                    num_heads, num_kv_heads, weight, weight)
-        # RoPE (and the head norms) and the KV store as the QKV GEMM's epilogue
-        pending = PendingLinear(torch.randn(2, 576).to(bf16),
-                                torch.empty(width, 576, dtype=bf16), None)
-        rope_store(pending, index, torch.ones(head_dim // 2), pool[0], pool[1], index,
-                   index, num_heads, num_kv_heads, weight, weight)
+        if not norm:  # RoPE and the KV store as the QKV GEMM's epilogue (the demo target)
+            pending = PendingLinear(torch.randn(2, 576).to(bf16),
+                                    torch.empty(width, 576, dtype=bf16), None)
+            rope_store(pending, index, torch.ones(head_dim // 2), pool[0], pool[1], index,
+                       index, num_heads, num_kv_heads)
     silu_mul(torch.randn(2, 2 * 1536).to(bf16))
     for out_features in (960, 3072):  # the demo target's fused prologues
         x = torch.randn(3, 576).to(bf16)
