@@ -718,8 +718,19 @@ PY
   pack_all $1
   mark done
   ;;
+119)
+  # (after 0-3 on a fresh machine, carry .carry/g4) the batch-1 table beside transformers
+  # on one more machine (transformers' figure follows the machine: 263-348 tok/s in
+  # lease 34)
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed plain"
+  speed_table plain
+  pack_all $1
+  mark done
+  ;;
 118)
-  # (after 0-3, carry .carry/g4) the RoPE epilogue with Qwen3's head norms too (the demo
+  # (at ccebe82, reverted: the drafter's side measured no faster) (after 0-3, carry
+  # .carry/g4) the RoPE epilogue with Qwen3's head norms too (the demo
   # drafter's QKV, its context store's; one fixed pairwise tree for a head's squares in
   # both kernels): the pieces, bitwise; the batch-1 table with and without the epilogue;
   # every mode against ar at c1 and c8; the 8B shapes once (its drafter's context store
