@@ -193,14 +193,7 @@ def _linear_kernel(
     up_ptrs = w_ptrs + N * stride_wn  # the up rows of a [gate | up] weight
     for kb in range(first_block, last_block):  # the same K order for every row
         k0 = kb * BLOCK_K
-        if EVEN_K:
-            k_mask = ks < BLOCK_K
-            a_mask = row_mask[:, None]
-            b_mask = col_mask[None, :]
-        else:
-            k_mask = (k0 + ks) < K
-            a_mask = row_mask[:, None] & k_mask[None, :]
-            b_mask = col_mask[None, :] & k_mask[:, None]
+        k_mask, a_mask, b_mask = k_block_masks(row_mask, col_mask, ks, k0, K, BLOCK_K, EVEN_K)
         b = tl.load(w_ptrs + k0, mask=b_mask, other=0.0)
         a = a_tile(x_ptrs + k0, r_ptrs + k0, nw_ptr + k0 + ks, a_mask, k_mask, rstd, K,
                    PROLOGUE, HAS_RESIDUAL)
@@ -220,6 +213,20 @@ def _linear_kernel(
         acc = silu_times(acc.to(dtype), up_acc.to(dtype)).to(tl.float32)
     _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
                 num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def k_block_masks(row_mask, col_mask, ks, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """One K block's masks: (its columns (BK,), the A tile's, the B tile's)."""
+    if EVEN_K:
+        k_mask = ks < BLOCK_K
+        a_mask = row_mask[:, None]
+        b_mask = col_mask[None, :]
+    else:
+        k_mask = (k0 + ks) < K
+        a_mask = row_mask[:, None] & k_mask[None, :]
+        b_mask = col_mask[None, :] & k_mask[:, None]
+    return k_mask, a_mask, b_mask
 
 
 @triton.jit

@@ -28,6 +28,7 @@ from ddtree.kernels.matmul import (
     SplitPartials,
     check_operands,
     dot_in_float32,
+    k_block_masks,
     linear_config,
     prefetch_weight_rows,
     splits_of,
@@ -312,13 +313,7 @@ def _linear_rope_kernel(
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for kb in range(0, num_blocks):  # the plain GEMM's K order
         k0 = kb * BLOCK_K
-        if EVEN_K:
-            a_mask = row_mask[:, None]
-            b_mask = col_mask[None, :]
-        else:
-            k_mask = (k0 + ks) < K
-            a_mask = row_mask[:, None] & k_mask[None, :]
-            b_mask = col_mask[None, :] & k_mask[:, None]
+        _, a_mask, b_mask = k_block_masks(row_mask, col_mask, ks, k0, K, BLOCK_K, EVEN_K)
         b1 = tl.load(w_ptrs + k0, mask=b_mask, other=0.0)
         a = tl.load(x_ptrs + k0, mask=a_mask, other=0.0)
         b2 = tl.load(second_ptrs + k0, mask=b_mask, other=0.0)
