@@ -5,11 +5,15 @@ batch's trees (one program per row), the same trees as `ddtree.tree.build_round_
 union, one that puts the chain first) and ~100 small gathers, scatters, concatenations
 and copies per round: on the H200 that was ~0.25 ms of a ~2 ms tree round at batch 1, in
 kernels of 1-5 us each. Here one program per row does the whole beam search in registers
-and a few kilobytes of scratch (in L2): per depth it forms the candidate extensions
-(parent beam position, token rank) that can enter the beam, sorts their unique keys
-(score descending, then the candidate's index: what a stable sort does), keeps the best
-`width`; then it sorts the union of all depths by (chain first where asked, score,
-union index), takes the first N and remaps parents to node indices.
+and a few kilobytes of scratch (in L2): it loads every depth's top-K tokens and their
+log-probabilities first (none depends on the beams); per depth it forms the candidate
+extensions (parent beam position, token rank) that can enter the beam, their scores from
+the previous beam's (`tl.gather`, in registers), sorts their unique keys (score
+descending, then the candidate's index: what a stable sort does), keeps the best `width`;
+then it sorts the union of all depths by (chain first where asked, score, union index),
+takes the first N and remaps parents to node indices. (Loading each depth's tokens, then
+their log-probabilities, then the previous beam from scratch, one after another, cost
+2.2 us more at 16 nodes and 28 us more at 63 on the H200: lease 34.)
 
 Every score is the same float32 sum as in PyTorch (the depth's log-probability added to
 the parent's score, in the same order) and every order is the same total order, so the
@@ -31,6 +35,8 @@ from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 
 # Union and candidate indices travel in the low 16 bits of a sort key.
 _INDEX_BITS = 16
+# Warps of a build's program (scripts/gpu/tree_build_bench.py times others)
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -52,10 +58,11 @@ def _index_of(key):
 def _tree_build_kernel(
     logp_ptr, rank_tokens_ptr, bonus_ptr, budget_ptr, force_ptr, max_topk_ptr,
     cand_parent_ptr, cand_rank_ptr, widths_ptr, starts_ptr, union_depth_ptr, union_chain_ptr,
-    s_score_ptr, s_token_ptr, s_parent_ptr, s_node_ptr, s_key_ptr, s_cand_ptr,
+    s_score_ptr, s_token_ptr, s_parent_ptr, s_node_ptr, s_key_ptr,
     tokens_ptr, parents_ptr, depth_ptr, valid_ptr, scores_ptr,
     stride_lb, stride_ll, stride_tb, stride_tl, num_union,
-    NUM_LEVELS: tl.constexpr, NUM_NODES: tl.constexpr, M_PAD: tl.constexpr,
+    NUM_LEVELS: tl.constexpr, L_PAD: tl.constexpr, NUM_RANKS: tl.constexpr,
+    K_PAD: tl.constexpr, NUM_NODES: tl.constexpr, M_PAD: tl.constexpr,
     W_PAD: tl.constexpr, U_PAD: tl.constexpr, N_PAD: tl.constexpr, KEY_PAD: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
@@ -71,39 +78,53 @@ def _tree_build_kernel(
     s_parent = s_parent_ptr + row * U_PAD
     s_node = s_node_ptr + row * U_PAD
     s_key = s_key_ptr + row * KEY_PAD
-    s_cand = s_cand_ptr + row * M_PAD
     m = tl.arange(0, M_PAD)
     j = tl.arange(0, W_PAD)
     neg_inf = float("-inf")
 
+    # Every depth's top-K tokens and their log-probabilities, loaded at once ((depth, rank)
+    # tables): none depends on the beams, so a depth's loop below waits only on its
+    # candidate tables (a few hundred bytes, cached) instead of a chain of loads (one
+    # load after another and scratch round trips took ~2.5 us a depth on the H200).
+    levels = tl.arange(0, L_PAD)
+    lv = levels[:, None]  # (L_PAD, 1)
+    ranks = tl.arange(0, K_PAD)[None, :]  # (1, K_PAD)
+    rank_ok = (lv < NUM_LEVELS) & (ranks < NUM_RANKS)
+    all_token = tl.load(tokens_row + lv * stride_tl + ranks, mask=rank_ok, other=0)
+    all_logp = tl.load(logp_row + lv * stride_ll + all_token, mask=rank_ok, other=neg_inf)
+    all_logp = tl.where((max_topk > 0) & (ranks >= max_topk), neg_inf, all_logp)
+    all_logp_bits = all_logp.to(tl.int32, bitcast=True)  # a row picked exactly by int sums
+    widths = tl.load(widths_ptr + levels, mask=levels < NUM_LEVELS, other=0)
+    starts = tl.load(starts_ptr + levels, mask=levels < NUM_LEVELS, other=0)
+
     # The beam of each depth: its candidates are (parent beam position, token rank) pairs
     # from the tables (depth 1: the root's, whose score is 0), sorted, the best `width` kept.
+    beam = tl.zeros([W_PAD], dtype=tl.float32)  # the previous depth's beam scores
+    prev_start = tl.sum(tl.where(levels == 0, starts, 0))
     for level in range(NUM_LEVELS):
         parent = tl.load(cand_parent_ptr + level * M_PAD + m)  # -1: padding
         rank = tl.load(cand_rank_ptr + level * M_PAD + m)
         real = parent >= 0
-        prev_start = tl.load(starts_ptr + tl.maximum(level - 1, 0))
-        prev = tl.load(s_score + prev_start + parent, mask=real & (level > 0), other=0.0)
-        token = tl.load(tokens_row + level * stride_tl + rank, mask=real, other=0)
-        logp = tl.load(logp_row + level * stride_ll + token, mask=real, other=neg_inf)
-        logp = tl.where((max_topk > 0) & (rank >= max_topk), neg_inf, logp)
+        this = lv == level
+        token_row = tl.sum(tl.where(this, all_token, 0), axis=0)  # (K_PAD,)
+        logp_row_bits = tl.sum(tl.where(this, all_logp_bits, 0), axis=0)
+        token = tl.where(real, tl.gather(token_row, rank, 0), 0)
+        logp = tl.where(real, tl.gather(logp_row_bits, rank, 0).to(tl.float32, bitcast=True),
+                        neg_inf)
+        prev = tl.where(real & (level > 0), tl.gather(beam, tl.maximum(parent, 0), 0), 0.0)
         cand = prev + logp
-        tl.store(s_cand + m, cand)
-        tl.store(s_key + m, tl.sort(_order_key(cand, m, real.to(tl.int32)), descending=True))
-        tl.debug_barrier()
-        width = tl.load(widths_ptr + level)
-        start = tl.load(starts_ptr + level)
+        keys = tl.sort(_order_key(cand, m, real.to(tl.int32)), descending=True)
+        width = tl.sum(tl.where(levels == level, widths, 0))
+        start = tl.sum(tl.where(levels == level, starts, 0))
         keep = j < width
-        pick = _index_of(tl.load(s_key + j, mask=keep, other=0))
-        pick = tl.where(keep, pick, 0)
-        parent = tl.load(cand_parent_ptr + level * M_PAD + pick, mask=keep, other=0)
-        rank = tl.load(cand_rank_ptr + level * M_PAD + pick, mask=keep, other=0)
-        tl.store(s_score + start + j, tl.load(s_cand + pick, mask=keep, other=neg_inf),
-                 mask=keep)
-        tl.store(s_parent + start + j, tl.where(level > 0, prev_start + parent, -1), mask=keep)
-        tl.store(s_token + start + j, tl.load(tokens_row + level * stride_tl + rank,
-                                              mask=keep, other=0), mask=keep)
-        tl.debug_barrier()
+        pick = tl.where(keep, _index_of(tl.gather(keys, j, 0)), 0)
+        beam = tl.where(keep, tl.gather(cand, pick, 0), neg_inf)
+        tl.store(s_score + start + j, beam, mask=keep)
+        tl.store(s_parent + start + j,
+                 tl.where(level > 0, prev_start + tl.gather(parent, pick, 0), -1), mask=keep)
+        tl.store(s_token + start + j, tl.gather(token, pick, 0), mask=keep)
+        prev_start = start
+    tl.debug_barrier()  # the beams' stores visible to every thread
 
     # The union of all depths: the chain first where asked, then by score and index.
     u = tl.arange(0, U_PAD)
@@ -213,7 +234,6 @@ def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tu
     s_parent = torch.empty(batch, u_pad, dtype=torch.int64, device=device)
     s_node = torch.empty(batch, u_pad, dtype=torch.int32, device=device)
     s_key = torch.empty(batch, key_pad, dtype=torch.int64, device=device)
-    s_cand = torch.empty(batch, m_pad, dtype=torch.float32, device=device)
     shape = (batch, num_nodes + 1)
     tokens = torch.empty(shape, dtype=torch.int64, device=device)
     parents = torch.empty(shape, dtype=torch.int64, device=device)
@@ -224,10 +244,11 @@ def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tu
     _tree_build_kernel[(batch,)](
         logp, rank_tokens, bonus.long().contiguous(), budget.long().contiguous(),
         force_chain.contiguous(), max_topk.long().contiguous(), *tables,
-        s_score, s_token, s_parent, s_node, s_key, s_cand,
+        s_score, s_token, s_parent, s_node, s_key,
         tokens, parents, depth, valid, scores,
         logp.stride(0), logp.stride(1), rank_tokens.stride(0), rank_tokens.stride(1),
-        num_union, NUM_LEVELS=num_levels, NUM_NODES=num_nodes, M_PAD=m_pad, W_PAD=w_pad,
-        U_PAD=u_pad, N_PAD=n_pad, KEY_PAD=key_pad, USE_PDL=pdl, num_warps=4,
-        **launch_kwargs(pdl))
+        num_union, NUM_LEVELS=num_levels, L_PAD=_pow2(num_levels), NUM_RANKS=num_ranks,
+        K_PAD=_pow2(num_ranks), NUM_NODES=num_nodes,
+        M_PAD=m_pad, W_PAD=w_pad, U_PAD=u_pad, N_PAD=n_pad, KEY_PAD=key_pad, USE_PDL=pdl,
+        num_warps=NUM_WARPS, **launch_kwargs(pdl))
     return tokens, parents, depth, valid, scores
