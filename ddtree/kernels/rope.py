@@ -2,7 +2,9 @@
 per-head RMSNorm of Qwen3 (`q_norm`, `k_norm`), rotate q and k (RoPE, half-split
 convention of HF Llama/Qwen3, angles in float32), and store k and v in the KV pool. Where
 the QKV GEMM's tiling splits K the kernel takes the splits' partial sums instead of qkv
-and finishes them as the GEMM's reduce would (matmul.SplitPartials): one launch fewer."""
+and finishes them as the GEMM's reduce would (matmul.SplitPartials): one launch fewer.
+Where it does not (and there are no head norms), the GEMM runs these steps as its
+epilogue (matmul.PendingLinear, `_linear_rope_kernel`): one launch instead of two."""
 
 from __future__ import annotations
 
