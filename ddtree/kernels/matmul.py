@@ -231,7 +231,7 @@ def k_block_masks(row_mask, col_mask, ks, k0, K, BLOCK_K: tl.constexpr, EVEN_K: 
 
 @triton.jit
 def prefetch_weight_rows(w_ptr, cols, col_mask, first_block, last_block, N, K, stride_wn,
-                      BLOCK_K: tl.constexpr, LINES: tl.constexpr, EPILOGUE: tl.constexpr):
+                         BLOCK_K: tl.constexpr, LINES: tl.constexpr, EPILOGUE: tl.constexpr):
     """One L2 prefetch per 128-byte line of the (BLOCK_N, K blocks [first_block,
     last_block)) weight rows this program reads first (LINES lines per BLOCK_K; the up
     rows too under the SwiGLU epilogue).

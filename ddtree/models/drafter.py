@@ -84,7 +84,7 @@ class DraftAttention(nn.Module):
 
     def forward_pool(self, backend: Backend, qkv: Tensor | SplitPartials | PendingLinear,
                      meta: AttentionMeta, inv_freq: Tensor, k_cache: Tensor,
-                v_cache: Tensor) -> Tensor:
+                     v_cache: Tensor) -> Tensor:
         """Inference: qkv (T, (Hq+2Hkv)*D), the fused projection of the normed block rows
         (`ops.norm_linear` with `qkv_weight`) -> the attention's output (T, Hq*D), o_proj's
         input (`ops.join_residual`); the block's K/V are written past each row's context

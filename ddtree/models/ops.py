@@ -171,13 +171,12 @@ def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | No
 
 
 def rope_store(backend: Backend, qkv: Tensor | matmul.SplitPartials | matmul.PendingLinear,
-               meta: AttentionMeta,
-               inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor, num_heads: int,
-               num_kv_heads: int, q_norm: Tensor | None, k_norm: Tensor | None,
-               eps: float) -> Tensor:
+               meta: AttentionMeta, inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor,
+               num_heads: int, num_kv_heads: int, q_norm: Tensor | None,
+               k_norm: Tensor | None, eps: float) -> Tensor:
     """qkv: (T, (Hq + 2 Hkv) D), or the QKV GEMM's split partials or the GEMM itself not
-    yet run (`norm_linear`'s `defer`; kernels only) ->
-    rotated q (T, Hq, D); k, v stored in the pool layer."""
+    yet run (`norm_linear`'s `defer`; kernels only) -> rotated q (T, Hq, D); k, v stored
+    in the pool layer."""
     if backend.kernels:
         return rope.rope_store(qkv, meta.positions, inv_freq, k_cache, v_cache,
                                meta.write_slot, meta.write_pos, num_heads, num_kv_heads,
