@@ -406,6 +406,18 @@ def linear_partials(x: Tensor, weight: Tensor, bias: Tensor | None,
     return SplitPartials(part, bias, x.dtype)
 
 
+def weight_prefetch(weight: Tensor, config: LinearConfig, pdl: bool, split_k: int,
+                    blocks_per_split: int) -> tuple[int, int]:
+    """A GEMM launch's L2 prefetch of its weight under a dependent launch: (128-byte lines
+    per BLOCK_K of a weight row, 0 for none; the first K blocks of each split to prefetch,
+    within the L2 budget: all of a small weight)."""
+    lines = (max(1, config.block_k * weight.element_size() // 128)
+             if pdl and prefetch_enabled() else 0)
+    num_prefetch = prefetch_blocks(
+        weight.shape[0] * config.block_k * weight.element_size() * split_k, blocks_per_split)
+    return lines, num_prefetch
+
+
 def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
                   config: LinearConfig, prologue: int = 0, residual: Tensor | None = None,
                   norm_weight: Tensor | None = None, h: Tensor | None = None,
@@ -439,12 +451,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     bias_arg = bias if bias is not None else out
     source = residual if residual is not None else x
     pdl = use_pdl(x)
-    # 128-byte lines per BLOCK_K of a weight row, for the prefetch of a dependent launch
-    lines = (max(1, config.block_k * weight.element_size() // 128)
-             if pdl and prefetch_enabled() else 0)
-    # the first K blocks of each split within the L2 budget (all of a small weight)
-    num_prefetch = prefetch_blocks(
-        weight.shape[0] * config.block_k * weight.element_size() * split_k, blocks_per_split)
+    lines, num_prefetch = weight_prefetch(weight, config, pdl, split_k, blocks_per_split)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
     stages = pipeline_stages(config, prologue, x.element_size())

@@ -16,13 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree.kernels.launch import (
-    launch_kwargs,
-    prefetch_blocks,
-    prefetch_enabled,
-    use_pdl,
-    wait_for_inputs,
-)
+from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 from ddtree.kernels.matmul import (
     EPILOGUE_SWIGLU,
     LinearConfig,
@@ -34,6 +28,7 @@ from ddtree.kernels.matmul import (
     linear_config,
     prefetch_weight_rows,
     splits_of,
+    weight_prefetch,
 )
 
 
@@ -178,14 +173,13 @@ def rope_store(
     (matmul.PendingLinear): where its tiling does not split K and there are no head norms
     the GEMM runs with this kernel's steps as its epilogue (`_linear_rope_kernel`: the
     same bits, one launch); otherwise it runs first."""
-    pending = qkv if isinstance(qkv, PendingLinear) else None
-    if pending is not None:
-        config = rope_epilogue_config(pending, num_heads, num_kv_heads,
-                                      q_norm_weight is not None)
-        if config is None:
-            qkv = pending.run()
+    pending, epilogue = None, None  # the GEMM to run with this kernel as its epilogue
+    if isinstance(qkv, PendingLinear):
+        epilogue = rope_epilogue_config(qkv, num_heads, num_kv_heads,
+                                        q_norm_weight is not None)
+        pending, qkv = (qkv, qkv) if epilogue is not None else (None, qkv.run())
     partials = qkv if isinstance(qkv, SplitPartials) else None
-    if pending is not None and config is not None:
+    if pending is not None:
         dtype, device = pending.x.dtype, pending.x.device
     elif partials is not None:
         assert partials.part.dim() == 3 and partials.part.is_contiguous(), partials.part.shape
@@ -218,8 +212,8 @@ def rope_store(
     q = torch.empty((num_rows, num_heads, head_dim), dtype=dtype, device=device)
     if num_rows == 0:
         return q
-    if pending is not None and config is not None:
-        _launch_linear_rope(pending, config, positions, inv_freq, k_cache, v_cache,
+    if pending is not None and epilogue is not None:
+        _launch_linear_rope(pending, epilogue, positions, inv_freq, k_cache, v_cache,
                             write_slot, write_pos, q)
         return q
     assert isinstance(qkv, Tensor)  # qkv, or (split partials) a stand-in for its pointer
@@ -388,10 +382,8 @@ def _launch_linear_rope(pending: PendingLinear, config: LinearConfig, positions:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     pdl = use_pdl(x)
-    lines = (max(1, config.block_k * weight.element_size() // 128)
-             if pdl and prefetch_enabled() else 0)
-    num_prefetch = prefetch_blocks(weight.shape[0] * config.block_k * weight.element_size(),
-                                   triton.cdiv(hidden, config.block_k))
+    lines, num_prefetch = weight_prefetch(weight, config, pdl, 1,
+                                          triton.cdiv(hidden, config.block_k))
     heads = num_heads + 2 * num_kv_heads
     grid = (triton.cdiv(num_rows, config.block_m), heads * (head_dim // 2 // config.block_n))
     qkv = x.new_empty((num_rows, heads * head_dim))  # q's and k's values between the steps

@@ -35,8 +35,6 @@ from ddtree.kernels.launch import launch_kwargs, use_pdl, wait_for_inputs
 
 # Union and candidate indices travel in the low 16 bits of a sort key.
 _INDEX_BITS = 16
-# Warps of a build's program (scripts/gpu/tree_build_bench.py times others)
-NUM_WARPS = 4
 
 
 @triton.jit
@@ -212,14 +210,15 @@ def _tables(num_ranks: int, widths: tuple[int, ...], device: torch.device
 
 
 def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tuple[int, ...],
-                    num_nodes: int, budget: Tensor, force_chain: Tensor, max_topk: Tensor
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                    num_nodes: int, budget: Tensor, force_chain: Tensor, max_topk: Tensor,
+                    num_warps: int = 4) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """logp: (B, L, V) float32 log-probabilities with contiguous rows; rank_tokens: (B, L, K)
     int64, each depth's top K tokens (most probable first, ties to the lower id); widths:
     the beam width of each depth (ddtree.tree._beam_widths(N, K, L)); bonus, budget,
     max_topk: (B,) int64; force_chain: (B,) bool.
     -> tokens, parents, depth (B, 1+N) int64, valid (B, 1+N) bool, scores (B, 1+N) float32:
-    `build_round_tree`'s tree (which see for the rules)."""
+    `build_round_tree`'s tree (which see for the rules). num_warps: the program's (4:
+    scripts/gpu/tree_build_bench.py timed 1 and 2 slower above 16 nodes)."""
     batch, num_levels, _ = logp.shape
     num_ranks = rank_tokens.shape[2]
     assert logp.dtype == torch.float32 and logp.stride(2) == 1, (logp.dtype, logp.stride())
@@ -250,5 +249,5 @@ def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tu
         num_union, NUM_LEVELS=num_levels, L_PAD=_pow2(num_levels), NUM_RANKS=num_ranks,
         K_PAD=_pow2(num_ranks), NUM_NODES=num_nodes,
         M_PAD=m_pad, W_PAD=w_pad, U_PAD=u_pad, N_PAD=n_pad, KEY_PAD=key_pad, USE_PDL=pdl,
-        num_warps=NUM_WARPS, **launch_kwargs(pdl))
+        num_warps=num_warps, **launch_kwargs(pdl))
     return tokens, parents, depth, valid, scores

@@ -54,11 +54,11 @@ def main() -> None:
             if "other" in versions:
                 cases.append(("other", versions["other"], 4))
             for name, module, num_warps in cases:
-                tree_build.NUM_WARPS = num_warps
+                extra = {"num_warps": num_warps} if module is tree_build else {}
 
-                def build(module=module):  # noqa: ANN202
+                def build(module=module, extra=extra):  # noqa: ANN202
                     return module.tree_from_ranks(logp, ranks, ones, widths, num_nodes, budget,
-                                                  force, max_topk)
+                                                  force, max_topk, **extra)
                 outs[name] = build()
                 times[name] = round(graph_replay_us(build), 2)
             first = outs[cases[0][0]]
