@@ -1,5 +1,6 @@
 """Kernels (and copies) of a round trace (ddtree/round_trace.py) by GPU time a round, with
-their grids, between the trace's first and last round marks:
+their grids, between the trace's first and last round marks (a trace without them, as
+engine_bench's profile8b writes: the whole trace, as one window):
 
     python3 scripts/trace_kernels.py engine-123.json [N]
 """
@@ -20,7 +21,10 @@ def main(argv: list[str]) -> int:
     base = trace.get("baseTimeNanoseconds", 0) / 1000
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     marks = sorted(base + e["ts"] for e in events if e["name"] == "ddtree.round")
-    lo, hi, rounds = marks[0], marks[-1], max(len(marks) - 1, 1)
+    if len(marks) >= 2:
+        lo, hi, rounds = marks[0], marks[-1], len(marks) - 1
+    else:
+        lo, hi, rounds = float("-inf"), float("inf"), 1
     total: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()
     for e in events:

@@ -701,6 +701,33 @@ PY
   pack_all $1
   mark done
   ;;
+120)
+  # (after 0-3, carry .carry/g4; twenty-sixth session) the batch-1 table beside
+  # transformers with the tree build's loads before its loop (not yet measured end to
+  # end), then kernel tables of the current round: the engine in process traced at c1
+  # (ddtree/round_trace.py, 200 rounds after 300), tree@16 then ar, and the 8B shapes'
+  # ar steps and tree@63 rounds (engine_bench --stages profile8b); scripts/trace_kernels.py
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed plain"
+  speed_table plain
+  for m in tree ar; do
+    dir=/tmp/trace_$m; rm -rf $dir; mkdir -p $dir; touch $dir/go
+    mark "in process, $m c1 traced"
+    DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=300:200 timeout 150 python3 -m ddtree.cli bench \
+      --target $T --drafter $D --prompts humaneval --num-prompts 12 --num-requests 12 \
+      --modes $m --budgets 16 --concurrency 1 --max-tokens 256 --no-progress 2>&1 | grep humaneval
+    python3 scripts/trace_kernels.py $dir/engine-*.json 40 | tee "$OUT/kernels_${m}_c1.txt" | head -30
+    (cd $dir && tar -czf "$OUT/trace_${m}_c1.tar.gz" ./*.json)
+  done
+  mark "profile8b"
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages profile8b --target $T \
+    --humaneval $H 2>&1 | grep -v Warn | tail -3
+  for f in "$OUT"/trace8b_*.json; do
+    python3 scripts/trace_kernels.py "$f" 40 > "${f%.json}_kernels.txt"; head -28 "${f%.json}_kernels.txt"
+  done
+  pack_all $1
+  mark done
+  ;;
 116)
   # (after 0-3, carry .carry/g4) RoPE and the KV store as the QKV GEMM's epilogue
   # (EngineConfig.rope_epilogue, on; the demo target's QKV does not split K and has no
