@@ -54,7 +54,10 @@ class EngineConfig:
     the target's layers and a local drafter's; `ops.join_residual`);
     rope_epilogue: RoPE and the KV store run as the QKV GEMM's epilogue where that GEMM
     does not split K and the model has no head norms (same bits, one launch fewer per
-    layer; ddtree/kernels/rope.py)."""
+    layer; ddtree/kernels/rope.py);
+    round_commit: a drafted round whose rows all walk greedily builds its tree metadata,
+    walks, commits and compacts the KV pool in three kernels instead of ~100 PyTorch
+    launches (same tables, state and pool; ddtree/kernels/round_commit.py)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -74,6 +77,7 @@ class EngineConfig:
     swiglu_epilogue: bool = True
     reduce_fusions: bool = True
     rope_epilogue: bool = True
+    round_commit: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:

@@ -101,7 +101,8 @@ class Engine:
                                  fused=config.fused_prologues,
                                  swiglu_epilogue=config.swiglu_epilogue,
                                  reduce_fusions=config.reduce_fusions,
-                                 rope_epilogue=config.rope_epilogue)
+                                 rope_epilogue=config.rope_epilogue,
+                                 round_commit=config.round_commit)
         if isinstance(drafting, LocalDrafter):
             drafting.backend = dataclasses.replace(drafting.backend,
                                                    swiglu_epilogue=config.swiglu_epilogue,

@@ -36,6 +36,7 @@ from ddtree.engine.state import (
     PENDING,
     SlotState,
 )
+from ddtree.kernels import round_commit
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.meta import AttentionMeta, tree_meta
 from ddtree.models.target import TargetModel
@@ -149,6 +150,10 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     one-node trees, which the tests compare it with)."""
     if key.num_nodes == 0 and not key.sampled and fast_ar:
         return _verify_greedy_ar(state, target, pool, buffers)
+    backend = target.backend
+    if (key.num_nodes and not key.sampled and keep_pending and backend.kernels
+            and backend.round_commit):
+        return _verify_greedy_tree(state, target, pool, buffers, feature_layers)
     rows = buffers.rows
     committed = state.column(rows, COMMITTED)  # (B,)
     bonus = state.column(rows, BONUS)
@@ -182,6 +187,34 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     buffers.out.copy_(torch.cat([accepted[:, None], walked.next_token[:, None],
                                  tree.tokens.gather(1, walked.path), walked.path], dim=1))
     return VerifyOutput(logits, path_features)
+
+
+def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
+                        buffers: RoundBuffers, feature_layers: Sequence[int]) -> VerifyOutput:
+    """A drafted round whose rows all walk greedily, with the bookkeeping around the
+    forward in three kernels (`Backend.round_commit`): the tree metadata, then the walk
+    with the commit, then the KV compaction - the same output table, state, pending
+    features and pool as the generic path (ddtree/kernels/round_commit.py)."""
+    rows, width = buffers.rows, buffers.width
+    tree = buffers.tree()
+    assert tree.valid is not None
+    positions, slots, write_pos, base, num_keys, chains = round_commit.tree_meta(
+        rows, state.ints, COMMITTED, tree.parents, tree.depth, width)
+    batch, num_rows = tree.tokens.shape
+    meta = AttentionMeta(
+        positions=positions, write_slot=slots, write_pos=write_pos, query_slot=slots,
+        prefix_len=base, tree_base=base, tree_keys=chains.view(batch * num_rows, width),
+        num_tree_keys=num_keys, max_kv_len=pool.max_len)
+    out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
+    logits = out.logits.view(batch, num_rows, -1)  # (B, 1+N, V)
+    features = out.features if state.pending is not None else None
+    round_commit.greedy_walk(
+        rows, state.ints, (COMMITTED, BONUS, FIRST_CHILD, PENDING), tree.tokens, tree.parents,
+        tree.valid, tree.depth, chains, logits.argmax(dim=-1), buffers.out, features,
+        state.pending if features is not None else None)
+    round_commit.compact(pool.k, pool.v, rows, base, buffers.out, width)
+    state.reset_scratch()
+    return VerifyOutput(logits, None)
 
 
 def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,

@@ -258,7 +258,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # the SwiGLU epilogue, dependent launches, their L2 prefetches, modes; "no reduce
     # norms" runs the norms after o_proj / down on their own (EngineConfig.reduce_fusions
     # off); "no rope epilogue" runs RoPE and the KV store after the QKV GEMM
-    # (EngineConfig.rope_epilogue off); "PyTorch tree"
+    # (EngineConfig.rope_epilogue off); "no round commit" the verify half's bookkeeping
+    # in PyTorch (EngineConfig.round_commit off); "PyTorch tree"
     # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
     # rows with cuBLAS ar (not batch invariant).
@@ -270,6 +271,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (no reduce fusions)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no rope epilogue)", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
+                (" (no round commit)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
@@ -293,7 +296,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue,
             reduce_fusions=kind != "no reduce fusions",
-            rope_epilogue=kind != "no rope epilogue"))
+            rope_epilogue=kind != "no rope epilogue",
+            round_commit=kind != "no round commit"))
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(
                 engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",

@@ -701,6 +701,29 @@ PY
   pack_all $1
   mark done
   ;;
+121)
+  # (after 0-3, carry .carry/g4) the verify half's bookkeeping in three kernels
+  # (EngineConfig.round_commit, ddtree/kernels/round_commit.py): its tests on the GPU
+  # (bitwise the PyTorch round's tables, state, pool; pytest carried in .whl), the batch-1
+  # table with and without, every mode against ar at c1 and c8, the tree@16 round traced
+  # in process again (kernels a round)
+  [ -f $T/config.json ] || stage_target
+  mark "round_commit tests on the GPU"
+  DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_round_commit.py 2>&1 | tail -4
+  mark "engine_bench speed plain, no round commit"
+  speed_table "plain,no round commit"
+  mark "exact"
+  exact_modes
+  dir=/tmp/trace_tree; rm -rf $dir; mkdir -p $dir; touch $dir/go
+  mark "in process, tree c1 traced"
+  DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=300:200 timeout 150 python3 -m ddtree.cli bench \
+    --target $T --drafter $D --prompts humaneval --num-prompts 12 --num-requests 12 \
+    --modes tree --budgets 16 --concurrency 1 --max-tokens 256 --no-progress 2>&1 | grep humaneval
+  python3 scripts/trace_kernels.py $dir/engine-*.json 40 | tee "$OUT/kernels_tree_c1.txt" | head -40
+  pack_all $1
+  mark done
+  ;;
 120)
   # (after 0-3, carry .carry/g4; twenty-sixth session) the batch-1 table beside
   # transformers with the tree build's loads before its loop (not yet measured end to
