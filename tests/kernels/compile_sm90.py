@@ -28,6 +28,7 @@ from triton.runtime.jit import JITFunction
 
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.rmsnorm as rmsnorm_module
+import ddtree.kernels.round_commit as round_commit
 import ddtree.kernels.rope as rope_module
 import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
@@ -131,6 +132,19 @@ def _launch_all() -> None:
                                    rows.bool(), rows)
     for vocab, k in ((49152, 16), (151936, 64)):  # the demo and Qwen3 vocabularies
         vocab_topk.stable_topk(torch.randn(2, 15, vocab).log_softmax(-1), k)
+    ints = torch.zeros(3, 9, dtype=torch.long)
+    for num_nodes in (16, 64):  # the verify half's bookkeeping at two tree sizes
+        tree = torch.zeros(2, num_nodes + 1, dtype=torch.long)
+        rows = torch.zeros(2, dtype=torch.long)
+        *_, chains = round_commit.tree_meta(rows, ints, 0, tree, tree, 16)
+        out = torch.zeros(2, 34, dtype=torch.long)
+        round_commit.greedy_walk(rows, ints, (0, 1, 4, 8), tree, tree, tree.bool(), tree,
+                                 chains, tree, out, torch.empty(2 * (num_nodes + 1), 2880,
+                                                               dtype=bf16),
+                                 torch.empty(3, 16, 2880, dtype=bf16))
+        round_commit.compact(torch.empty(30, 3, 64, 3, 64, dtype=bf16),
+                             torch.empty(30, 3, 64, 3, 64, dtype=bf16), rows,
+                             tree.view(-1), out, 16)
 
 
 def sass_of(kernel: object) -> tuple[str, str]:
@@ -167,6 +181,7 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     and writes come before it), and whether an L2 prefetch
     (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
     modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build,
+               round_commit,
                vocab_topk)
     saved = [module.use_pdl for module in modules]
     for module in modules:
