@@ -701,6 +701,31 @@ PY
   pack_all $1
   mark done
   ;;
+122)
+  # (after 0-3, carry .carry/g4) with the round_commit kernels: their GPU tests again (the
+  # verify_into one builds its model on the GPU now), the batch-1 table beside
+  # transformers, the 8B shapes once
+  [ -f $T/config.json ] || stage_target
+  mark "round_commit tests on the GPU"
+  DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_round_commit.py 2>&1 | tail -3
+  mark "engine_bench speed plain"
+  speed_table plain
+  shapes8b_runs -
+  pack_all $1
+  mark done
+  ;;
+123)
+  # (warm after 122) call 117's points through `ddtree serve` (tree@16 c8 / c1, ar c8 /
+  # c1) and in process over the same 160 requests: the gateway's ratios with round_commit
+  [ -f $T/config.json ] || stage_target
+  SHARED=1 RUN=commit serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8 ar:1:1" 1
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_inprocess.json" | tail -1 | cut -c1-300
+  pack_all $1
+  mark done
+  ;;
 121)
   # (after 0-3, carry .carry/g4) the verify half's bookkeeping in three kernels
   # (EngineConfig.round_commit, ddtree/kernels/round_commit.py): its tests on the GPU
