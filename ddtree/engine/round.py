@@ -210,9 +210,9 @@ def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
     features = out.features if state.pending is not None else None
     round_commit.greedy_walk(
         rows, state.ints, (COMMITTED, BONUS, FIRST_CHILD, PENDING), tree.tokens, tree.parents,
-        tree.valid, tree.depth, chains, logits.argmax(dim=-1), buffers.out, features,
-        state.pending if features is not None else None)
-    round_commit.compact(pool.k, pool.v, rows, base, buffers.out, width)
+        tree.valid, tree.depth, chains, round_commit.argmax_chunks(out.logits), buffers.out,
+        features, state.pending if features is not None else None, state.scratch)
+    round_commit.compact(pool.k, pool.v, rows, base, buffers.out, width, state.scratch)
     state.reset_scratch()
     return VerifyOutput(logits, None)
 
@@ -223,10 +223,25 @@ def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
     tree is the argmax of the row's logits, the root's K/V already sit at slot
     `committed` (nothing to compact), so the round is the forward, one argmax and two
     writes - the same attention description, tokens, pool and output table as the
-    generic path, in ~40 fewer kernels."""
+    generic path, in ~40 fewer kernels. With `Backend.round_commit` the attention
+    description, the argmax and the writes are three kernels (the buffers' root column:
+    parent -1, depth 0; the argmax split over the vocabulary)."""
     rows = buffers.rows
-    committed = state.column(rows, COMMITTED)  # (B,)
     bonus = state.column(rows, BONUS)
+    backend = target.backend
+    if backend.kernels and backend.round_commit:  # the meta and the commit in kernels
+        positions, slots, _, _, num_keys, chains = round_commit.tree_meta(
+            rows, state.ints, COMMITTED, buffers.parents[:, :1], buffers.depth[:, :1], 1)
+        meta = AttentionMeta(
+            positions=positions, write_slot=slots, write_pos=positions, query_slot=slots,
+            prefix_len=positions, tree_base=positions, tree_keys=chains.view(-1, 1),
+            num_tree_keys=num_keys, max_kv_len=pool.max_len)
+        logits = target(bonus, meta, pool).logits  # (B, V)
+        round_commit.ar_commit(rows, state.ints, (COMMITTED, BONUS),
+                               round_commit.argmax_chunks(logits), buffers.out, state.scratch)
+        state.reset_scratch()
+        return VerifyOutput(logits[:, None], None)
+    committed = state.column(rows, COMMITTED)  # (B,)
     ones = torch.ones_like(committed)
     # tree_meta of a root alone: the committed prefix, then the root itself as a tree key.
     meta = AttentionMeta(

@@ -99,16 +99,121 @@ def tree_meta(rows: Tensor, ints: Tensor, committed_column: int, parents: Tensor
     batch, num_rows = parents.shape
     assert ints.dtype == torch.int64 and ints.stride(1) == 1, (ints.dtype, ints.stride())
     parents, depth = parents.contiguous(), depth.contiguous()
-    flat = [torch.empty(batch * num_rows, dtype=torch.int64, device=parents.device)
-            for _ in range(5)]
+    positions, slots, write_pos, base, num_keys = (
+        torch.empty(batch * num_rows, dtype=torch.int64, device=parents.device)
+        for _ in range(5))
     chains = torch.empty(batch, num_rows, width, dtype=torch.int64, device=parents.device)
     pdl = use_pdl(parents)
     _tree_meta_kernel[(batch,)](
-        rows.contiguous(), ints, parents, depth, *flat[:4], chains, flat[4], ints.stride(0),
+        rows.contiguous(), ints, parents, depth, positions, slots, write_pos, base, chains,
+        num_keys, ints.stride(0),
         COMMITTED=committed_column, NUM_ROWS=num_rows, WIDTH=width, M_PAD=_pow2(num_rows),
         W_PAD=_pow2(width), DOUBLINGS=(num_rows - 1).bit_length(),
         CHAIN_BITS=max(1, (width - 1).bit_length()), USE_PDL=pdl, **launch_kwargs(pdl))
-    return (*flat, chains)
+    return positions, slots, write_pos, base, num_keys, chains
+
+
+ARGMAX_CHUNKS = 24  # programs a logits row is split over (the last reduce is the walk's)
+_NO_INDEX = tl.constexpr(1 << 62)  # past every vocabulary index
+
+
+@triton.jit
+def _first_max(values, index, axis: tl.constexpr):
+    """torch.argmax's pick along `axis`: the first NaN if any (NaN is the largest), else
+    the first index of the largest value. -> (the picked value, its index)."""
+    nan = values != values
+    nan_index = tl.min(tl.where(nan, index, _NO_INDEX), axis=axis)
+    largest = tl.max(tl.where(nan, float("-inf"), values), axis=axis)
+    if axis == 0:
+        hit = values == largest
+    else:
+        hit = values == tl.expand_dims(largest, axis)
+    max_index = tl.min(tl.where(hit, index, _NO_INDEX), axis=axis)
+    any_nan = nan_index < _NO_INDEX
+    return tl.where(any_nan, float("nan"), largest), tl.where(any_nan, nan_index, max_index)
+
+
+@triton.jit
+def _argmax_chunk_kernel(logits_ptr, values_ptr, index_ptr, vocab, stride_row,
+                         CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr = False):
+    """Program (r, c): chunk c of logits row r -> its first-max value and index."""
+    wait_for_inputs(USE_PDL)
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    column = c * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(logits_ptr + r * stride_row + column, mask=column < vocab,
+                     other=float("-inf"))
+    value, index = _first_max(values, column.to(tl.int64), 0)
+    tl.store(values_ptr + r * CHUNKS + c, value)
+    tl.store(index_ptr + r * CHUNKS + c, index)
+
+
+@triton.jit
+def _argmax_of_chunks(values_ptr, index_ptr, rows, row_mask, CHUNKS: tl.constexpr,
+                      C_PAD: tl.constexpr):
+    """The argmax of each logits row in `rows` ((R,) row numbers) from its chunks' picks
+    (chunks in order: the first index among equal picks is the row's first)."""
+    c = tl.arange(0, C_PAD)
+    at = rows.to(tl.int64)[:, None] * CHUNKS + c[None, :]
+    mask = row_mask[:, None] & (c[None, :] < CHUNKS)
+    values = tl.load(values_ptr + at, mask=mask, other=float("-inf"))
+    index = tl.load(index_ptr + at, mask=mask, other=_NO_INDEX)
+    return _first_max(values, index, 1)[1]
+
+
+def argmax_chunks(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """logits (R, V) float32 with contiguous rows -> each row's per-chunk first-max values
+    (R, C) float32 and indices (R, C) int64 (`ARGMAX_CHUNKS` chunks; the walk or the ar
+    commit takes the row's argmax from them: torch.argmax's index, ties to the first)."""
+    assert logits.dim() == 2 and logits.stride(1) == 1, (logits.shape, logits.stride())
+    num_rows, vocab = logits.shape
+    block = max(16, _pow2(triton.cdiv(vocab, ARGMAX_CHUNKS)))
+    chunks = triton.cdiv(vocab, block)
+    values = torch.empty(num_rows, chunks, dtype=torch.float32, device=logits.device)
+    index = torch.empty(num_rows, chunks, dtype=torch.int64, device=logits.device)
+    pdl = use_pdl(logits)
+    _argmax_chunk_kernel[(num_rows, chunks)](
+        logits, values, index, vocab, logits.stride(0), CHUNKS=chunks, BLOCK=block,
+        USE_PDL=pdl, num_warps=4 if block <= 2048 else 8, **launch_kwargs(pdl))
+    return values, index
+
+
+@triton.jit
+def _ar_commit_kernel(rows_ptr, ints_ptr, values_ptr, index_ptr, out_ptr, stride_ints,
+                      scratch, COMMITTED: tl.constexpr, BONUS: tl.constexpr,
+                      CHUNKS: tl.constexpr, C_PAD: tl.constexpr,
+                      USE_PDL: tl.constexpr = False):
+    wait_for_inputs(USE_PDL)
+    b = tl.program_id(0).to(tl.int64)
+    slot = tl.load(rows_ptr + b)
+    state = ints_ptr + slot * stride_ints
+    committed = tl.load(state + COMMITTED)
+    bonus = tl.load(state + BONUS)
+    one = tl.full([1], 0, tl.int64) + b
+    token = tl.sum(_argmax_of_chunks(values_ptr, index_ptr, one, one >= 0, CHUNKS, C_PAD))
+    tl.store(out_ptr + b * 4, 1)
+    tl.store(out_ptr + b * 4 + 1, token)
+    tl.store(out_ptr + b * 4 + 2, bonus)
+    tl.store(out_ptr + b * 4 + 3, 0)
+    if slot != scratch:  # padding rows share the scratch slot: none writes it
+        tl.store(state + COMMITTED, committed + 1)
+        tl.store(state + BONUS, token)
+
+
+def ar_commit(rows: Tensor, ints: Tensor, columns: tuple[int, int], chunks: tuple[Tensor, Tensor],
+              out: Tensor, scratch: int) -> None:
+    """The commit of a greedy ar round (`_verify_greedy_ar`'s): each row's next token is
+    the argmax of its logits (`argmax_chunks`'s picks); its committed length grows by one,
+    the token becomes its bonus; out (B, 4) = [1, token, the old bonus, 0]. The scratch
+    slot's state is left alone (the padding rows')."""
+    values, index = chunks
+    assert out.shape == (rows.shape[0], 4) and out.is_contiguous(), out.shape
+    pdl = use_pdl(out)
+    _ar_commit_kernel[(rows.shape[0],)](
+        rows.contiguous(), ints, values, index, out, ints.stride(0), scratch,
+        COMMITTED=columns[0], BONUS=columns[1], CHUNKS=values.shape[1],
+        C_PAD=_pow2(values.shape[1]), USE_PDL=pdl, **launch_kwargs(pdl))
 
 
 @triton.jit
@@ -134,11 +239,12 @@ def _earlier_sibling(parents_ptr, flags_ptr, first, parent, i, NUM_ROWS: tl.cons
 @triton.jit
 def _greedy_walk_kernel(
     rows_ptr, ints_ptr, tokens_ptr, parents_ptr, valid_ptr, depth_ptr, chains_ptr,
-    choice_ptr, features_ptr, pending_ptr, out_ptr, accepted_ptr,
+    values_ptr, index_ptr, features_ptr, pending_ptr, out_ptr, accepted_ptr,
     stride_ints, stride_features, stride_pending_slot, stride_pending_row, num_features,
-    COMMITTED: tl.constexpr, BONUS: tl.constexpr, FIRST_CHILD: tl.constexpr,
+    scratch, COMMITTED: tl.constexpr, BONUS: tl.constexpr, FIRST_CHILD: tl.constexpr,
     PENDING: tl.constexpr, NUM_ROWS: tl.constexpr, WIDTH: tl.constexpr,
     M_PAD: tl.constexpr, W_PAD: tl.constexpr, J_BLOCK: tl.constexpr, F_BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr, C_PAD: tl.constexpr,
     WRITE_PENDING: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     wait_for_inputs(USE_PDL)
@@ -152,7 +258,7 @@ def _greedy_walk_kernel(
     parent = tl.load(parents_ptr + first + i, mask=in_tree, other=-1)
     token = tl.load(tokens_ptr + first + i, mask=in_tree, other=0)
     depth = tl.load(depth_ptr + first + i, mask=in_tree, other=0)
-    choice = tl.load(choice_ptr + first + i, mask=in_tree, other=0)
+    choice = _argmax_of_chunks(values_ptr, index_ptr, first + i, in_tree, CHUNKS, C_PAD)
     valid = tl.load(valid_ptr + first + i, mask=in_tree, other=0) != 0
 
     # acceptance._considered_children, then the greedy test against the parent's argmax
@@ -191,6 +297,8 @@ def _greedy_walk_kernel(
     tl.store(row_out + 1, bonus)
     tl.store(row_out + 2 + levels, path_tokens, mask=in_width)
     tl.store(row_out + 2 + WIDTH + levels, path, mask=in_width)
+    if slot == scratch:  # padding rows share the scratch slot: none writes its state
+        return
     state = ints_ptr + slot * stride_ints
     tl.store(state + COMMITTED, committed + length)
     tl.store(state + BONUS, bonus)
@@ -208,15 +316,16 @@ def _greedy_walk_kernel(
 
 def greedy_walk(rows: Tensor, ints: Tensor, columns: tuple[int, int, int, int],
                 tokens: Tensor, parents: Tensor, valid: Tensor, depth: Tensor, chains: Tensor,
-                choice: Tensor, out: Tensor, features: Tensor | None,
-                pending: Tensor | None) -> None:
+                chunks: tuple[Tensor, Tensor], out: Tensor, features: Tensor | None,
+                pending: Tensor | None, scratch: int) -> None:
     """The greedy walk and commit of every row (`verify_into`'s, for rows that all walk
     greedily): rows (B,); ints: the state table, `columns` its (committed, bonus,
     first_child, pending) columns; tokens, parents, depth (B, M) int64, valid (B, M) bool;
-    chains (B, M, W) from `tree_meta`; choice (B, M) int64, the target's argmax at each
-    node; out: the round's (B, 2 + 2W) int64 table. features (B*M, F) and pending (slots,
-    W, F): the path's features become the row's pending context (and its pending count
-    the acceptance length), or both None."""
+    chains (B, M, W) from `tree_meta`; chunks: `argmax_chunks` of the (B*M, V) logits (the
+    target's argmax at each node); out: the round's (B, 2 + 2W) int64 table. features
+    (B*M, F) and pending (slots, W, F): the path's features become the row's pending
+    context (and its pending count the acceptance length), or both None. The `scratch`
+    slot's state is left alone (the padding rows')."""
     batch, num_rows = tokens.shape
     width = chains.shape[2]
     assert out.shape == (batch, 2 + 2 * width) and out.is_contiguous(), out.shape
@@ -232,21 +341,23 @@ def greedy_walk(rows: Tensor, ints: Tensor, columns: tuple[int, int, int, int],
         features = pending = out  # never read
         num_features = stride_features = stride_slot = stride_row = 0
     flags = torch.empty(batch, num_rows, dtype=torch.int8, device=tokens.device)
+    values, index = chunks
     pdl = use_pdl(tokens)
     _greedy_walk_kernel[(batch,)](
         rows.contiguous(), ints, tokens.contiguous(), parents.contiguous(),
         valid.contiguous().view(torch.int8), depth.contiguous(), chains.contiguous(),
-        choice.contiguous(), features, pending, out, flags,
-        ints.stride(0), stride_features, stride_slot, stride_row, num_features,
+        values, index, features, pending, out, flags,
+        ints.stride(0), stride_features, stride_slot, stride_row, num_features, scratch,
         COMMITTED=committed, BONUS=bonus, FIRST_CHILD=first_child, PENDING=pending_column,
         NUM_ROWS=num_rows, WIDTH=width, M_PAD=_pow2(num_rows), W_PAD=_pow2(width),
-        J_BLOCK=min(J_BLOCK, _pow2(num_rows)), F_BLOCK=F_BLOCK, WRITE_PENDING=write_pending,
+        J_BLOCK=min(J_BLOCK, _pow2(num_rows)), F_BLOCK=F_BLOCK, CHUNKS=values.shape[1],
+        C_PAD=_pow2(values.shape[1]), WRITE_PENDING=write_pending,
         USE_PDL=pdl, **launch_kwargs(pdl))
 
 
 @triton.jit
 def _compact_kernel(
-    k_ptr, v_ptr, rows_ptr, base_ptr, out_ptr, stride_layer, stride_slot, stride_pos,
+    k_ptr, v_ptr, rows_ptr, base_ptr, out_ptr, stride_layer, stride_slot, stride_pos, scratch,
     NUM_ROWS: tl.constexpr, WIDTH: tl.constexpr, W_PAD: tl.constexpr,
     ROW_SIZE: tl.constexpr, C_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
@@ -254,6 +365,8 @@ def _compact_kernel(
     b = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
     slot = tl.load(rows_ptr + b)
+    if slot == scratch:  # padding rows share the scratch slot: none moves its K/V
+        return
     start = tl.load(base_ptr + b * NUM_ROWS)  # the committed length before the round
     levels = tl.arange(0, W_PAD)
     in_width = levels < WIDTH
@@ -271,16 +384,18 @@ def _compact_kernel(
         tl.store(v_ptr + target + c[None, :], v, mask=mask)
 
 
-def compact(k: Tensor, v: Tensor, rows: Tensor, base: Tensor, out: Tensor, width: int) -> None:
+def compact(k: Tensor, v: Tensor, rows: Tensor, base: Tensor, out: Tensor, width: int,
+            scratch: int) -> None:
     """`KVPool.compact(rows, committed, path)` with the path read from the round's output
     table `out` (B, 2 + 2W) and each row's committed length from `base` ((B*M,) the tree
-    meta's prefix lengths, M per row): k, v (layers, slots, max_len, Hkv, D)."""
+    meta's prefix lengths, M per row): k, v (layers, slots, max_len, Hkv, D). The
+    `scratch` slot is left alone (the padding rows')."""
     batch = rows.shape[0]
     assert k.is_contiguous() and v.is_contiguous() and k.shape == v.shape, k.shape
     num_rows = base.shape[0] // batch
     row_size = k.shape[3] * k.shape[4]
     pdl = use_pdl(k)
     _compact_kernel[(batch, k.shape[0])](
-        k, v, rows.contiguous(), base, out, k.stride(0), k.stride(1), k.stride(2),
+        k, v, rows.contiguous(), base, out, k.stride(0), k.stride(1), k.stride(2), scratch,
         NUM_ROWS=num_rows, WIDTH=width, W_PAD=_pow2(width), ROW_SIZE=row_size,
         C_BLOCK=min(C_BLOCK, _pow2(row_size)), USE_PDL=pdl, **launch_kwargs(pdl))

@@ -28,8 +28,8 @@ from triton.runtime.jit import JITFunction
 
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.rmsnorm as rmsnorm_module
-import ddtree.kernels.round_commit as round_commit
 import ddtree.kernels.rope as rope_module
+import ddtree.kernels.round_commit as round_commit
 import ddtree.kernels.swiglu as swiglu_module
 import ddtree.kernels.tree_attention as attention
 import ddtree.kernels.tree_build as tree_build
@@ -133,18 +133,21 @@ def _launch_all() -> None:
     for vocab, k in ((49152, 16), (151936, 64)):  # the demo and Qwen3 vocabularies
         vocab_topk.stable_topk(torch.randn(2, 15, vocab).log_softmax(-1), k)
     ints = torch.zeros(3, 9, dtype=torch.long)
+    rows = torch.zeros(2, dtype=torch.long)
+    for vocab in (49152, 151936):  # the demo and Qwen3 vocabularies: the split argmax
+        chunks = round_commit.argmax_chunks(torch.randn(2, vocab))
+        round_commit.ar_commit(rows, ints, (0, 1), chunks, torch.zeros(2, 4, dtype=torch.long), 2)
     for num_nodes in (16, 64):  # the verify half's bookkeeping at two tree sizes
         tree = torch.zeros(2, num_nodes + 1, dtype=torch.long)
-        rows = torch.zeros(2, dtype=torch.long)
         *_, chains = round_commit.tree_meta(rows, ints, 0, tree, tree, 16)
         out = torch.zeros(2, 34, dtype=torch.long)
         round_commit.greedy_walk(rows, ints, (0, 1, 4, 8), tree, tree, tree.bool(), tree,
-                                 chains, tree, out, torch.empty(2 * (num_nodes + 1), 2880,
-                                                               dtype=bf16),
-                                 torch.empty(3, 16, 2880, dtype=bf16))
+                                 chains, round_commit.argmax_chunks(torch.randn(34, 49152)),
+                                 out, torch.empty(2 * (num_nodes + 1), 2880, dtype=bf16),
+                                 torch.empty(3, 16, 2880, dtype=bf16), 2)
         round_commit.compact(torch.empty(30, 3, 64, 3, 64, dtype=bf16),
                              torch.empty(30, 3, 64, 3, 64, dtype=bf16), rows,
-                             tree.view(-1), out, 16)
+                             tree.view(-1), out, 16, 2)
 
 
 def sass_of(kernel: object) -> tuple[str, str]:

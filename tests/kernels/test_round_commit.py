@@ -131,9 +131,10 @@ def test_greedy_walk_commits_what_the_pytorch_round_commits(num_nodes: int, widt
     assert int(walked.acceptance_length.max()) > 2, "the trees should accept long paths"
 
     out = torch.full((batch, 2 + 2 * width), -5, dtype=torch.long, device=DEVICE)
+    chunks = round_commit.argmax_chunks(logits.view(-1, vocab))
     round_commit.greedy_walk(rows, state.ints, COLUMNS, tree.tokens, tree.parents, tree.valid,
-                             tree.depth, chains, logits.argmax(dim=-1), out, features,
-                             state.pending)
+                             tree.depth, chains, chunks, out, features, state.pending,
+                             state.scratch)
     assert torch.equal(out, want_out)
     assert torch.equal(state.ints, expected.ints)
     assert torch.equal(state.pending, expected.pending)
@@ -148,9 +149,9 @@ def test_greedy_walk_without_pending_leaves_the_context_alone() -> None:
     pending, pending_count = state.pending.clone(), state.ints[:, PENDING].clone()
     out = torch.zeros(batch, 2 + 2 * width, dtype=torch.long, device=DEVICE)
     _, chains = ancestor_chains(tree.parents, width)
+    chunks = round_commit.argmax_chunks(greedy_logits(tree, 5, 7).view(-1, 5))
     round_commit.greedy_walk(rows, state.ints, COLUMNS, tree.tokens, tree.parents, tree.valid,
-                             tree.depth, chains, greedy_logits(tree, 5, 7).argmax(-1), out,
-                             None, None)
+                             tree.depth, chains, chunks, out, None, None, state.scratch)
     assert torch.equal(state.pending, pending)
     assert torch.equal(state.ints[:, PENDING], pending_count)
     assert torch.equal(state.ints[rows, COMMITTED] - out[:, 0], state_for(batch, width, 4, 7)[0]
@@ -180,14 +181,36 @@ def test_compact_moves_what_the_pool_moves(dtype: torch.dtype) -> None:
     out[:, 2 + width:] = path
     base = start[:, None].expand(batch, num_rows).reshape(-1).contiguous()
     want.compact(rows, start, path)
-    round_commit.compact(pool.k, pool.v, rows, base, out, width)
+    round_commit.compact(pool.k, pool.v, rows, base, out, width, scratch=7)
     assert torch.equal(pool.k, want.k) and torch.equal(pool.v, want.v)
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 96, 2049, 49152])
+def test_argmax_chunks_pick_what_argmax_picks(vocab: int) -> None:
+    """Ties (integer logits), a row of -inf, NaNs (the largest, the first one wins), and
+    vocabularies that leave the last chunk partly empty."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 3, (7, vocab), generator=gen).float()
+    logits[1] = float("-inf")
+    logits[2, vocab // 2] = float("nan")
+    logits[3, vocab - 1] = float("nan")
+    logits[3, vocab // 3] = float("nan")
+    logits[4] = torch.randn(vocab, generator=gen)
+    logits = logits.to(DEVICE)
+    values, index = round_commit.argmax_chunks(logits)
+    state = SlotState(7, 1, 0, DEVICE, torch.float32)
+    out = torch.zeros(7, 4, dtype=torch.long, device=DEVICE)
+    rows = torch.arange(7, device=DEVICE)
+    round_commit.ar_commit(rows, state.ints, (COMMITTED, BONUS), (values, index), out,
+                           state.scratch)
+    assert torch.equal(out[:, 1], logits.argmax(dim=-1))
 
 
 def test_verify_into_is_the_same_with_and_without_the_kernels() -> None:
     """A real target forward over random trees (padding rows on the scratch slot, linear
-    rows, padding nodes): the output table, logits, state, pending features and pool are
-    bitwise the same through the three kernels and through the PyTorch bookkeeping."""
+    rows, padding nodes), and an ar round: the output table, logits, state, pending
+    features and pool (but the scratch slot's, the padding rows') are bitwise the same
+    through the kernels and through the PyTorch bookkeeping."""
     from tests.kernels.test_engine_on_kernels import make_pair
 
     with DEVICE:  # the fused weights are built where the model is
@@ -195,28 +218,31 @@ def test_verify_into_is_the_same_with_and_without_the_kernels() -> None:
     width, num_nodes, batch, layers = 4, 6, 3, (0, 1)
     tree = random_trees(batch, num_nodes, width, 96, 5, padding=2)
     assert tree.valid is not None
-    results = []
-    for fused in (False, True):
-        target.backend = Backend(kernels=True, round_commit=fused)
-        gen = torch.Generator().manual_seed(11)
-        state = SlotState(3, width, len(layers) * 128, DEVICE, torch.float32)
-        state.ints[:3, COMMITTED] = torch.tensor([9, 3, 14], device=DEVICE)
-        state.ints[:3, FIRST_CHILD] = torch.tensor([0, 1, 0], device=DEVICE)
-        assert state.pending is not None
-        state.pending.copy_(torch.randn(state.pending.shape, generator=gen))
-        pool = target.new_pool(4, 32)
-        pool.k.copy_(torch.randn(pool.k.shape, generator=gen))
-        pool.v.copy_(torch.randn(pool.v.shape, generator=gen))
-        buffers = RoundBuffers(batch + 1, num_nodes, width, DEVICE)
-        buffers.rows.copy_(torch.tensor([2, 0, 1, state.scratch]))
-        padded = DraftTree(*(torch.cat([t, t[:1]]) for t in (tree.tokens, tree.parents,
-                                                             tree.depth)),
-                           valid=torch.cat([tree.valid, tree.valid[:1]]))
-        buffers.set_tree(padded)
-        out = verify_into(state, target, pool, buffers, BucketKey(batch + 1, num_nodes),
-                          layers)
-        results.append((buffers.out.clone(), out.logits, state.ints, state.pending,
-                        pool.k[:, :3], pool.v[:, :3]))
-    for name, plain, fused_value in zip(("out", "logits", "ints", "pending", "k", "v"),
-                                        *results, strict=True):
-        assert torch.equal(plain, fused_value), name
+    for drafted in (True, False):
+        results = []
+        for fused in (False, True):
+            target.backend = Backend(kernels=True, round_commit=fused)
+            gen = torch.Generator().manual_seed(11)
+            state = SlotState(3, width, len(layers) * 128, DEVICE, torch.float32)
+            state.ints[:3, COMMITTED] = torch.tensor([9, 3, 14], device=DEVICE)
+            state.ints[:3, FIRST_CHILD] = torch.tensor([0, 1, 0], device=DEVICE)
+            state.ints[:3, BONUS] = torch.tensor([5, 50, 95], device=DEVICE)
+            assert state.pending is not None
+            state.pending.copy_(torch.randn(state.pending.shape, generator=gen))
+            pool = target.new_pool(4, 32)
+            pool.k.copy_(torch.randn(pool.k.shape, generator=gen))
+            pool.v.copy_(torch.randn(pool.v.shape, generator=gen))
+            nodes = num_nodes if drafted else 0
+            buffers = RoundBuffers(batch + 2, nodes, width if drafted else 1, DEVICE)
+            buffers.rows.copy_(torch.tensor([2, 0, 1, state.scratch, state.scratch]))
+            if drafted:
+                buffers.set_tree(DraftTree(
+                    *(torch.cat([t, t[:2]]) for t in (tree.tokens, tree.parents, tree.depth)),
+                    valid=torch.cat([tree.valid, tree.valid[:2]])))
+            out = verify_into(state, target, pool, buffers, BucketKey(batch + 2, nodes),
+                              layers if drafted else ())
+            results.append((buffers.out.clone(), out.logits, state.ints, state.pending[:3],
+                            pool.k[:, :3], pool.v[:, :3]))
+        for name, plain, fused_value in zip(("out", "logits", "ints", "pending", "k", "v"),
+                                            *results, strict=True):
+            assert torch.equal(plain, fused_value), (drafted, name)
