@@ -127,7 +127,7 @@ class LocalDrafter:
         on, the part starts the context and P fits a bucket, else eagerly."""
         if offset == 0 and self.context.run(slot, features):
             return
-        fused = self.drafter.fuse(features[None].to(self.drafter.fc.weight.dtype))  # (1, P, H)
+        fused = self.drafter.fuse_infer(features[None], self.backend)  # (1, P, H)
         device = fused.device
         self.drafter.append_context(self.pool, device_ints([slot], device),
                                     device_ints([offset], device), fused, self.backend)
@@ -145,7 +145,7 @@ class LocalDrafter:
         rows, committed, num_pending, bonus: (B,) int64; pending: (B, b, k*H) features of
         the rows at positions committed - num_pending .. committed - 1 (rows past
         num_pending are ignored: the block overwrites them). -> (B, L, V) float32."""
-        fused = self.drafter.fuse(pending.to(self.drafter.fc.weight.dtype))  # (B, b, H)
+        fused = self.drafter.fuse_infer(pending, self.backend)  # (B, b, H)
         self.drafter.append_context(self.pool, rows, committed - num_pending, fused,
                                     self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
@@ -206,7 +206,7 @@ class ContextGraphs:
 
     def _store(self, size: int) -> None:
         drafter = self.local.drafter
-        fused = drafter.fuse(self.features[None, :size])[0]  # (size, H)
+        fused = drafter.fuse_infer(self.features[:size], self.local.backend)  # (size, H)
         positions = self.positions[:size]
         rows = torch.where(positions < self.ints[1], self.ints[0], self.scratch)
         zeros = torch.zeros_like(positions)

@@ -148,6 +148,16 @@ class DFlashDrafter(nn.Module):
         """features: (B, C, k*H) concatenated target layer outputs -> (B, C, H) context."""
         return self.hidden_norm(self.fc(features))
 
+    def fuse_infer(self, features: Tensor, backend: ops.Backend) -> Tensor:
+        """`fuse` through the backend (inference): the batch-invariant GEMM and the RMSNorm
+        kernel on the GPU (two launches, where `fc` through cuBLAS and the norm's eight
+        PyTorch operations were nine, and whose bits followed the batch), the same
+        operations as `fuse` on the references."""
+        rows = features.reshape(-1, features.shape[-1]).to(self.fc.weight.dtype)
+        h = ops.linear(backend, rows, self.fc.weight)
+        normed, _ = ops.rms_norm(backend, h, self.hidden_norm.weight, self.hidden_norm.eps)
+        return normed.view(*features.shape[:-1], -1)
+
     def new_pool(self, num_slots: int, max_len: int) -> KVPool:
         """An empty draft KV pool (context K/V only) of `num_slots` rows of `max_len`."""
         c, w = self.config, self.fc.weight

@@ -701,6 +701,34 @@ PY
   pack_all $1
   mark done
   ;;
+124)
+  # (after 0-3, carry .carry/g4) round_commit with the split argmax (the walk's and ar's)
+  # and the drafter's fc + norm through the invariant GEMM and the norm kernel
+  # (DFlashDrafter.fuse_infer): the kernels' GPU tests, the batch-1 table with and without
+  # round_commit, every mode against ar, the 8B shapes, the tree@16 round's kernels, then
+  # tree@16 c8 / c1 through `ddtree serve` and in process (160 requests)
+  [ -f $T/config.json ] || stage_target
+  mark "round_commit tests on the GPU"
+  DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_round_commit.py 2>&1 | tail -3
+  mark "engine_bench speed plain, no round commit"
+  speed_table "plain,no round commit"
+  mark "exact"
+  exact_modes
+  shapes8b_runs -
+  dir=/tmp/trace_tree; rm -rf $dir; mkdir -p $dir; touch $dir/go
+  mark "in process, tree c1 traced"
+  DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=300:200 timeout 150 python3 -m ddtree.cli bench \
+    --target $T --drafter $D --prompts humaneval --num-prompts 12 --num-requests 12 \
+    --modes tree --budgets 16 --concurrency 1 --max-tokens 256 --no-progress 2>&1 | grep humaneval
+  python3 scripts/trace_kernels.py $dir/engine-*.json 60 > "$OUT/kernels_tree_c1.txt"
+  head -1 "$OUT/kernels_tree_c1.txt"
+  SHARED=1 RUN=argmax serve_ahead 1 "tree:16:8 tree:16:1" 1
+  mark "tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
 122)
   # (after 0-3, carry .carry/g4) with the round_commit kernels: their GPU tests again (the
   # verify_into one builds its model on the GPU now), the batch-1 table beside
