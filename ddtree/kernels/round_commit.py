@@ -1,4 +1,4 @@
-"""The verify half's bookkeeping around the target forward in three kernels, for rounds
+"""The verify half's bookkeeping around the target forward in kernels, for rounds
 whose rows all walk greedily (ddtree/engine/round.py `verify_into`):
 
 - `tree_meta`: each row's ancestor chains and its queries' attention description (the
@@ -7,7 +7,15 @@ whose rows all walk greedily (ddtree/engine/round.py `verify_into`):
 - `greedy_walk`: the greedy walk of `ddtree.acceptance.walk` and the commit (the round's
   output table, the state's committed length, bonus token and pending count, and the
   path's target features as the row's pending drafter context), one program per row;
-- `compact`: the KV compaction of `KVPool.compact`, one program per (row, layer).
+- `compact`: the KV compaction of `KVPool.compact`, one program per (row, layer);
+- `argmax_chunks`: the target's greedy pick at every node, split over the vocabulary
+  (`ARGMAX_CHUNKS` programs a logits row, torch.argmax's index: the first NaN, else the
+  first largest), whose last reduce is done where the pick is read (the walk, `ar_commit`);
+- `ar_commit`: the commit of a greedy ar round (the root alone: `tree_meta` over the
+  buffers' root column gives its attention description).
+
+Padding rows (a batch bucket's rows past the real ones) all name the scratch slot: no
+kernel writes its state or moves its K/V, so several of them never race.
 
 In PyTorch these are ~100 launches a tree round (pointer doubling, gathers, scatters,
 comparisons and copies of a few hundred bytes each: lease 35's trace of a tree@16 round

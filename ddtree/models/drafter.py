@@ -153,7 +153,7 @@ class DFlashDrafter(nn.Module):
         kernel on the GPU (two launches, where `fc` through cuBLAS and the norm's eight
         PyTorch operations were nine, and whose bits followed the batch), the same
         operations as `fuse` on the references."""
-        rows = features.reshape(-1, features.shape[-1]).to(self.fc.weight.dtype)
+        rows = features.reshape(-1, features.shape[-1]).to(self.fc.weight.dtype).contiguous()
         h = ops.linear(backend, rows, self.fc.weight)
         normed, _ = ops.rms_norm(backend, h, self.hidden_norm.weight, self.hidden_norm.eps)
         return normed.view(*features.shape[:-1], -1)

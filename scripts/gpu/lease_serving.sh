@@ -4,7 +4,8 @@
 # five parts: .carry/g0/part0 (the first 14,000,000 bytes, beside the 6.6 MB of wheels),
 # then .carry/g1..g4 with part1..part4 (`split -b 21090608 -d` of the rest; g1 also holds
 # HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17). Since lease
-# 22 the 42.7 MB repository + a 24.6 MB quarter passed the 64 MiB a call carries:
+# 22 the 42.7 MB repository + a 24.6 MB quarter passed the 64 MiB a call carries
+# (`bash scripts/gpu/make_carry.sh` rebuilds .whl and .carry on a fresh checkout):
 #   call 0  carries .whl, .carry/spec and .carry/g0 (part0 parked in /tmp)
 #   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3: park them in /tmp
 #   the work call carries .carry/g4 (part4: stage_target joins the five and checks them)
@@ -726,6 +727,17 @@ PY
   SHARED=1 RUN=argmax serve_ahead 1 "tree:16:8 tree:16:1" 1
   mark "tree@16 in process, 160 requests"
   BENCH_TIMEOUT=240 NUM=160 bench_inprocess tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
+125)
+  # (warm after 124) the concurrency curves at the current engine (engine_bench.py
+  # --stages load: ar, tree@16, tree@64, auto at c1 / c8 / c32 / c64, cold then warm;
+  # last measured in lease 11's call 37)
+  [ -f $T/config.json ] || stage_target
+  mark "load curves"
+  timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
+    --humaneval $H 2>&1 | grep -v Warn | tail -34 | tee "$OUT/load_curves.txt"
   pack_all $1
   mark done
   ;;

