@@ -712,6 +712,12 @@ PY
   mark "round_commit tests on the GPU"
   DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_round_commit.py 2>&1 | tail -3
+  # the drafters' fc GEMMs (new to the invariant GEMM): tuned into the table the rest of
+  # this call uses, against torch's cuBLAS; the table comes back for a commit
+  mark "tune the fc shapes"
+  timeout 120 python3 scripts/gpu/tune_linear.py --shapes drafter.fc,qwen3.drafter_fc \
+    --seconds-per-shape 15 2>&1 | grep -v Warn | tail -4
+  cp ddtree/kernels/linear_tuned.json "$OUT/"
   mark "engine_bench speed plain, no round commit"
   speed_table "plain,no round commit"
   mark "exact"
