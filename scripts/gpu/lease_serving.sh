@@ -705,31 +705,34 @@ PY
 124)
   # (after 0-3, carry .carry/g4) round_commit with the split argmax (the walk's and ar's)
   # and the drafter's fc + norm through the invariant GEMM and the norm kernel
-  # (DFlashDrafter.fuse_infer): the kernels' GPU tests, the batch-1 table with and without
-  # round_commit, every mode against ar, the 8B shapes, the tree@16 round's kernels, then
-  # tree@16 c8 / c1 through `ddtree serve` and in process (160 requests)
+  # (DFlashDrafter.fuse_infer): the kernels' GPU tests, the fc shapes tuned, the batch-1
+  # table with and without round_commit, every mode against ar (call 126 goes on)
   [ -f $T/config.json ] || stage_target
   mark "round_commit tests on the GPU"
   DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_round_commit.py 2>&1 | tail -3
   # the drafters' fc GEMMs (new to the invariant GEMM): tuned into the table the rest of
-  # this call uses, against torch's cuBLAS; the table comes back for a commit
+  # this call and the next use (the machine's copy), against torch's cuBLAS; the table
+  # comes back for a commit
   mark "tune the fc shapes"
   timeout 120 python3 scripts/gpu/tune_linear.py --shapes drafter.fc,qwen3.drafter_fc \
     --seconds-per-shape 15 2>&1 | grep -v Warn | tail -4
   cp ddtree/kernels/linear_tuned.json "$OUT/"
+  cp ddtree/kernels/linear_tuned.json /tmp/linear_tuned.json
   mark "engine_bench speed plain, no round commit"
   speed_table "plain,no round commit"
   mark "exact"
   exact_modes
+  pack_all $1
+  mark done
+  ;;
+126)
+  # (warm after 124 or 125) the 8B shapes, then tree@16 c8 / c1 through `ddtree serve` and
+  # in process (160 requests), with call 124's tuned fc tilings (each call gets a fresh
+  # copy of the repository: the table is put back from /tmp)
+  [ -f $T/config.json ] || stage_target
+  [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
   shapes8b_runs -
-  dir=/tmp/trace_tree; rm -rf $dir; mkdir -p $dir; touch $dir/go
-  mark "in process, tree c1 traced"
-  DDTREE_TRACE_DIR=$dir DDTREE_TRACE_ROUNDS=300:200 timeout 150 python3 -m ddtree.cli bench \
-    --target $T --drafter $D --prompts humaneval --num-prompts 12 --num-requests 12 \
-    --modes tree --budgets 16 --concurrency 1 --max-tokens 256 --no-progress 2>&1 | grep humaneval
-  python3 scripts/trace_kernels.py $dir/engine-*.json 60 > "$OUT/kernels_tree_c1.txt"
-  head -1 "$OUT/kernels_tree_c1.txt"
   SHARED=1 RUN=argmax serve_ahead 1 "tree:16:8 tree:16:1" 1
   mark "tree@16 in process, 160 requests"
   BENCH_TIMEOUT=240 NUM=160 bench_inprocess tree 16 "$OUT/report_inprocess.json"
@@ -741,6 +744,7 @@ PY
   # --stages load: ar, tree@16, tree@64, auto at c1 / c8 / c32 / c64, cold then warm;
   # last measured in lease 11's call 37)
   [ -f $T/config.json ] || stage_target
+  [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
   mark "load curves"
   timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
     --humaneval $H 2>&1 | grep -v Warn | tail -34 | tee "$OUT/load_curves.txt"
