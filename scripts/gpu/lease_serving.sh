@@ -5,7 +5,9 @@
 # then .carry/g1..g4 with part1..part4 (`split -b 21090608 -d` of the rest; g1 also holds
 # HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17). Since lease
 # 22 the 42.7 MB repository + a 24.6 MB quarter passed the 64 MiB a call carries
-# (`bash scripts/gpu/make_carry.sh` rebuilds .whl and .carry on a fresh checkout):
+# (`bash scripts/gpu/make_carry.sh` rebuilds .whl and .carry on a fresh checkout; copy each
+# call's returned all<N>.tar into docs/gpu-runs/<date>-lease<NN>/ and commit it at once: the
+# files a call returns live outside the checkout and lease 35's went with its session):
 #   call 0  carries .whl, .carry/spec and .carry/g0 (part0 parked in /tmp)
 #   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3: park them in /tmp
 #   the work call carries .carry/g4 (part4: stage_target joins the five and checks them)
