@@ -192,9 +192,10 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
 def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
                         buffers: RoundBuffers, feature_layers: Sequence[int]) -> VerifyOutput:
     """A drafted round whose rows all walk greedily, with the bookkeeping around the
-    forward in three kernels (`Backend.round_commit`): the tree metadata, then the walk
-    with the commit, then the KV compaction - the same output table, state, pending
-    features and pool as the generic path (ddtree/kernels/round_commit.py)."""
+    forward in kernels (`Backend.round_commit`): the tree metadata, the argmax split over
+    the vocabulary, the walk with the commit, then the KV compaction - the same output
+    table, state, pending features and pool as the generic path
+    (ddtree/kernels/round_commit.py)."""
     rows, width = buffers.rows, buffers.width
     tree = buffers.tree()
     assert tree.valid is not None
