@@ -55,9 +55,9 @@ class EngineConfig:
     rope_epilogue: RoPE and the KV store run as the QKV GEMM's epilogue where that GEMM
     does not split K and the model has no head norms (same bits, one launch fewer per
     layer; ddtree/kernels/rope.py);
-    round_commit: a drafted round whose rows all walk greedily builds its tree metadata,
-    walks, commits and compacts the KV pool in three kernels instead of ~100 PyTorch
-    launches (same tables, state and pool; ddtree/kernels/round_commit.py)."""
+    round_commit: a round whose rows all walk greedily builds its tree metadata, takes
+    the argmax, walks, commits and compacts the KV pool in Triton kernels instead of ~100
+    PyTorch launches (same tables, state and pool; ddtree/kernels/round_commit.py)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024

@@ -199,13 +199,8 @@ def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
     rows, width = buffers.rows, buffers.width
     tree = buffers.tree()
     assert tree.valid is not None
-    positions, slots, write_pos, base, num_keys, chains = round_commit.tree_meta(
-        rows, state.ints, COMMITTED, tree.parents, tree.depth, width)
+    meta, chains = _kernel_meta(state, rows, tree.parents, tree.depth, width, pool.max_len)
     batch, num_rows = tree.tokens.shape
-    meta = AttentionMeta(
-        positions=positions, write_slot=slots, write_pos=write_pos, query_slot=slots,
-        prefix_len=base, tree_base=base, tree_keys=chains.view(batch * num_rows, width),
-        num_tree_keys=num_keys, max_kv_len=pool.max_len)
     out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
     logits = out.logits.view(batch, num_rows, -1)  # (B, 1+N, V)
     features = out.features if state.pending is not None else None
@@ -213,9 +208,23 @@ def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
         rows, state.ints, (COMMITTED, BONUS, FIRST_CHILD, PENDING), tree.tokens, tree.parents,
         tree.valid, tree.depth, chains, round_commit.argmax_chunks(out.logits), buffers.out,
         features, state.pending if features is not None else None, state.scratch)
-    round_commit.compact(pool.k, pool.v, rows, base, buffers.out, width, state.scratch)
-    state.reset_scratch()
-    return VerifyOutput(logits, None)
+    round_commit.compact(pool.k, pool.v, rows, meta.prefix_len, buffers.out, width,
+                         state.scratch)
+    return VerifyOutput(logits, None)  # the scratch row's state untouched: no reset
+
+
+def _kernel_meta(state: SlotState, rows: Tensor, parents: Tensor, depth: Tensor, width: int,
+                 max_kv_len: int) -> tuple[AttentionMeta, Tensor]:
+    """`tree_meta` of the rows' trees (parents, depth (B, M)) with the committed lengths
+    read from the state table, in one kernel (`round_commit.tree_meta`) -> the attention
+    description and the ancestor chains (B, M, width)."""
+    positions, slots, write_pos, base, num_keys, chains = round_commit.tree_meta(
+        rows, state.ints, COMMITTED, parents, depth, width)
+    meta = AttentionMeta(
+        positions=positions, write_slot=slots, write_pos=write_pos, query_slot=slots,
+        prefix_len=base, tree_base=base, tree_keys=chains.view(-1, width),
+        num_tree_keys=num_keys, max_kv_len=max_kv_len)
+    return meta, chains
 
 
 def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
@@ -231,17 +240,12 @@ def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
     bonus = state.column(rows, BONUS)
     backend = target.backend
     if backend.kernels and backend.round_commit:  # the meta and the commit in kernels
-        positions, slots, _, _, num_keys, chains = round_commit.tree_meta(
-            rows, state.ints, COMMITTED, buffers.parents[:, :1], buffers.depth[:, :1], 1)
-        meta = AttentionMeta(
-            positions=positions, write_slot=slots, write_pos=positions, query_slot=slots,
-            prefix_len=positions, tree_base=positions, tree_keys=chains.view(-1, 1),
-            num_tree_keys=num_keys, max_kv_len=pool.max_len)
+        meta, _ = _kernel_meta(state, rows, buffers.parents[:, :1], buffers.depth[:, :1], 1,
+                               pool.max_len)
         logits = target(bonus, meta, pool).logits  # (B, V)
         round_commit.ar_commit(rows, state.ints, (COMMITTED, BONUS),
                                round_commit.argmax_chunks(logits), buffers.out, state.scratch)
-        state.reset_scratch()
-        return VerifyOutput(logits[:, None], None)
+        return VerifyOutput(logits[:, None], None)  # the scratch row's state untouched
     committed = state.column(rows, COMMITTED)  # (B,)
     ones = torch.ones_like(committed)
     # tree_meta of a root alone: the committed prefix, then the root itself as a tree key.

@@ -49,9 +49,9 @@ class Backend:
     rope_epilogue: RoPE and the KV store as the QKV GEMM's epilogue where that GEMM does
     not split K and the model has no head norms (`norm_linear`'s `defer`, `rope_store`);
     only with kernels and invariant; the same bits as without;
-    round_commit: the verify half's tree metadata, greedy walk, commit and KV compaction in
-    three kernels (ddtree/kernels/round_commit.py) when every row of a drafted round walks
-    greedily; only with kernels; the same tables, state and pool as without;
+    round_commit: the verify half's tree metadata, argmax, greedy walk, commit and KV
+    compaction in Triton kernels (ddtree/kernels/round_commit.py) when every row of a
+    round walks greedily; only with kernels; the same tables, state and pool as without;
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
     invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
