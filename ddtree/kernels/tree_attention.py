@@ -30,7 +30,9 @@ ar step that would have produced the same token.
 from __future__ import annotations
 
 import collections
+import functools
 import re
+from collections.abc import Callable
 
 import torch
 import triton
@@ -122,8 +124,21 @@ SPLIT_SIZE = 256  # logical positions per split (a multiple of BLOCK_N; 256 meas
 # 16, 40 HumanEval requests) tree@16 +3% / +6% at c1 / c8, ar -1%. Its 2 samples "leaving
 # ar" in lease 15 were one extra token past max_tokens (Row.emit), not the kernel: every
 # mode equals ar under it (lease 16's exact stage, 40 prompts). At 128, 64 / 4 / 2 made the
-# 8B verify of 64 nodes 5% faster and decode at 4,096 keys 25% slower: not taken.
+# 8B verify of 64 nodes 5% faster and decode at 4,096 keys 25% slower: not taken as the
+# tiling; wide launches take its 2 stages (WIDE_STAGES below).
 ATTN_TILES = {64: (BLOCK_N, 2, 2), 128: (BLOCK_N, 4, 3)}
+# head dim -> the split kernel's stages for a wide launch: more (query, KV head) pairs than
+# the device has SMs, so several programs share an SM and occupancy counts for more than
+# the depth of one program's K/V pipeline. The stage count moves no float operation (the
+# PTX's float-op sequence of every stage count is the same, sm_90, triton 3.6 and 3.9;
+# the kernel checks it at the first wide launch: `stages_agree`), so a wide launch's
+# queries keep their bits and a tree node still equals its ar twin launched alone. At head
+# dim 128 2 stages hold 122 registers and 39 KB of shared memory a program (3: 164 and
+# 72 KB): four programs an SM against three. Lease 15's sweep: one tree of 64 nodes at 512
+# keys 34.6 us against 42.4, eight trees 261.8 against 331.0; one query at 4,096 keys
+# 14.3 against 11.4 (a narrow launch: keeps 3). Head dim 64 keeps its 2 everywhere.
+WIDE_STAGES = {128: 2}
+_wide_stages_enabled = True
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 # Split programs a launch aims at (queries x KV heads x programs a query): a query's splits
 # beyond its programs are taken in turn by them. The grid is sized from max_kv_len (a CUDA
@@ -136,6 +151,32 @@ PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: 
 SPLIT_PROGRAMS = 2048
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
+
+
+def set_wide_stages(enabled: bool) -> bool:
+    """Turns the wide launches' stage count (WIDE_STAGES) on or off for launches from now
+    on (benchmarks' A/B); returns the old setting. CUDA graphs keep what they captured."""
+    global _wide_stages_enabled
+    previous, _wide_stages_enabled = _wide_stages_enabled, bool(enabled)
+    return previous
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def launch_stages(head_dim: int, num_queries: int, num_kv_heads: int, num_stages: int,
+                  device: torch.device) -> int:
+    """The split kernel's stages for a launch of `num_queries` queries: the head dim's
+    WIDE_STAGES where the (query, KV head) pairs outnumber the device's SMs, else
+    `num_stages`. From shapes alone (a CUDA graph's launch is fixed), and never a change of
+    bits (see WIDE_STAGES)."""
+    wide = WIDE_STAGES.get(head_dim)
+    if wide is None or not _wide_stages_enabled or device.type != "cuda":
+        return num_stages
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return wide if num_queries * num_kv_heads > _num_sms(index) else num_stages
 
 
 def _float_ops(lines: list[str]) -> list[str]:
@@ -180,6 +221,38 @@ def split_loops_agree(ptx: str) -> bool:
 
 
 _CHECKED_KERNELS: dict[int, bool] = {}
+
+
+def stages_agree(ptx: str, twin_ptx: str) -> bool:
+    """Whether two compiled variants of the split kernel that differ in their stage count
+    run the same float operations in the same order (the whole kernel's PTX): the stage
+    count only schedules the K/V loads. Necessary, not sufficient (the twin checks of
+    scripts/gpu/attn_sweep.py across stage counts and the 8B shapes' tokens against ar's on
+    the GPU are the evidence)."""
+    return _float_ops(ptx.splitlines()) == _float_ops(twin_ptx.splitlines())
+
+
+_CHECKED_STAGES: dict[int, bool] = {}
+
+
+def _check_stages(kernel: object, compile_twin: Callable[[], object], num_stages: int,
+                  twin_stages: int) -> None:
+    """Refuses a wide launch's compiled variant whose float operations are not those of
+    the variant with `twin_stages` (compiled, not launched, by `compile_twin`): its queries
+    would not keep their bits. Checked once per compiled variant."""
+    asm = getattr(kernel, "asm", None)
+    if not isinstance(asm, dict) or "ptx" not in asm:
+        return
+    agree = _CHECKED_STAGES.get(id(kernel))
+    if agree is None:
+        twin_asm = getattr(compile_twin(), "asm", None)
+        agree = isinstance(twin_asm, dict) and stages_agree(asm["ptx"], twin_asm["ptx"])
+        _CHECKED_STAGES[id(kernel)] = agree
+    if not agree:
+        raise RuntimeError(
+            f"tree attention with {num_stages} stages compiled to other float operations than "
+            f"with {twin_stages}: a wide launch's queries would change their bits; set "
+            "WIDE_STAGES for this head dim to its ATTN_TILES stages")
 
 
 def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) -> None:
@@ -374,9 +447,12 @@ def tree_attention(
     `tiles` (BLOCK_N, warps, stages) replaces the head dim's ATTN_TILES (experiments).
     """
     block_n, num_warps, num_stages = tiles or ATTN_TILES.get(q.shape[2], (BLOCK_N, 4, 3))
+    stages = num_stages if tiles else launch_stages(q.shape[2], q.shape[0], k_cache.shape[2],
+                                                    num_stages, q.device)
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
                                 tree_keys, num_tree_keys, scale, max_kv_len, block_n,
-                                SPLIT_SIZE, PREFIX_LOOP, num_warps, num_stages)
+                                SPLIT_SIZE, PREFIX_LOOP, num_warps, stages,
+                                twin_stages=num_stages)
 
 
 def tree_attention_tiled(
@@ -384,12 +460,14 @@ def tree_attention_tiled(
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
     num_warps: int = 4, num_stages: int = 3, split_programs: int = SPLIT_PROGRAMS,
+    twin_stages: int | None = None,
 ) -> Tensor:
     """`tree_attention` with explicit block and split sizes, loop structure, warps and
     stages (the tests use small sizes to cross their boundaries at short lengths; the GPU
-    sweep times others). Outputs agree bitwise only between launches with the same
-    settings; `split_programs` (how many programs the splits are spread over) changes no
-    bit."""
+    sweep times others). Outputs agree bitwise only between launches with the same block,
+    split, loop and warp settings; `split_programs` (how many programs the splits are
+    spread over) changes no bit, nor does the stage count, which a launch with
+    `twin_stages` other than `num_stages` checks on the compiled code (`stages_agree`)."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -418,20 +496,23 @@ def tree_attention_tiled(
     # programs a query: every split its own up to SPLIT_PROGRAMS programs in all
     num_programs = min(num_splits, max(1, triton.cdiv(split_programs,
                                                       num_queries * num_kv_heads)))
-    kernel = _tree_attention_split_kernel[(num_queries, num_kv_heads, num_programs)](
-        q, k_cache, v_cache, out, ws_acc, ws_stat,
-        query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
-        scale * LOG2_E, num_tree_cols, tree_keys.stride(0),
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        out.stride(0), out.stride(1), num_splits, num_programs,
+    grid = (num_queries, num_kv_heads, num_programs)
+    args = (q, k_cache, v_cache, out, ws_acc, ws_stat,
+            query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
+            scale * LOG2_E, num_tree_cols, tree_keys.stride(0),
+            q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+            out.stride(0), out.stride(1), num_splits, num_programs)
+    options = dict(
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
         PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
-        pool_len=k_cache.shape[1],
-        num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl),
-    )
+        pool_len=k_cache.shape[1], num_warps=num_warps, **launch_kwargs(pdl))
+    kernel = _tree_attention_split_kernel[grid](*args, num_stages=num_stages, **options)
     _check_loops(kernel, block_n, num_warps, num_stages)
+    if twin_stages is not None and twin_stages != num_stages:
+        _check_stages(kernel, lambda: _tree_attention_split_kernel.warmup(
+            *args, grid=grid, num_stages=twin_stages, **options), num_stages, twin_stages)
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,

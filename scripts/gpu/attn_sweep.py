@@ -54,22 +54,25 @@ TWIN_TREES = ([(chain(16), n) for n in (50, 56, 60, 63, 64, 120, 127, 244, 250, 
 
 
 def twin_failures(num_heads: int, num_kv_heads: int, head_dim: int,
-                  tiles: tuple[int, int, int]) -> list[tuple[int, int]]:
+                  tiles: tuple[int, int, int],
+                  ar_tiles: tuple[int, int, int] | None = None) -> list[tuple[int, int]]:
     """(committed keys, node) of every tree query of TWIN_TREES whose output is not its ar
     twin's bits under these settings (empty: the invariance the engine's exactness rests
-    on held)."""
+    on held). `ar_tiles`: the twins' own settings where they differ (a wide launch's stage
+    count against a narrow one's, tree_attention.WIDE_STAGES)."""
     case = twin_case(TWIN_TREES, num_heads, num_kv_heads, head_dim, torch.bfloat16, seed=3,
                      device=DEVICE)
-    block, warps, stages = tiles
     scale = 1 / math.sqrt(head_dim)
 
-    def run(queries, max_kv_len: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def run(queries, max_kv_len: int, tiles: tuple[int, int, int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        block, warps, stages = tiles
         return tree_attention_tiled(queries.q, case.k_cache, case.v_cache,
                                     *queries.fields()[1:], scale, max_kv_len, block,
                                     SPLIT_SIZE, True, warps, stages)
 
     max_kv_len = int(case.ar.lengths().max())
-    same = (run(case.tree, max_kv_len) == run(case.ar, max_kv_len)).flatten(1).all(1).cpu()
+    same = (run(case.tree, max_kv_len, tiles) == run(case.ar, max_kv_len, ar_tiles or tiles)
+            ).flatten(1).all(1).cpu()
     owners = [(n, node) for parents, n in TWIN_TREES for node in range(len(parents))]
     return [owner for owner, ok in zip(owners, same.tolist(), strict=True) if not ok]
 
@@ -107,21 +110,30 @@ def timer(num_heads: int, num_kv_heads: int, head_dim: int,
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json-out", type=Path, default=None)
-    parser.add_argument("--twins", nargs="*", default=None, metavar="BLOCK/WARPS/STAGES",
+    parser.add_argument("--twins", nargs="*", default=None,
+                        metavar="BLOCK/WARPS/STAGES[:BLOCK/WARPS/STAGES]",
                         help="only the twin checks of these settings at both head dims "
-                             "(every failing (committed keys, node)), no timing")
+                             "(every failing (committed keys, node)), no timing; after a "
+                             "colon the ar twins' own settings")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {}
     if args.twins is not None or DEVICE == "cpu":
-        settings = [tuple(int(v) for v in text.split("/")) for text in args.twins or ()]
+        def parse(text: str) -> tuple[int, int, int]:
+            block, warps, stages = (int(v) for v in text.split("/"))
+            return block, warps, stages
+
+        settings = [(parse(text.split(":")[0]), parse(text.split(":")[-1]))
+                    for text in args.twins or ()]
         failed = 0
         for name, (num_heads, num_kv_heads, head_dim, _) in HEADS.items():
             if DEVICE == "cpu":  # the interpreter: small heads, two settings
                 num_heads, num_kv_heads = 4, 2
-            for tiles in settings or [ATTN_TILES[head_dim], (32, 2, 2)]:
-                bad = twin_failures(num_heads, num_kv_heads, head_dim, tiles)  # type: ignore[arg-type]
+            for tiles, ar_tiles in settings or [(ATTN_TILES[head_dim],) * 2, ((32, 2, 2),) * 2]:
+                bad = twin_failures(num_heads, num_kv_heads, head_dim, tiles, ar_tiles)
                 failed += bool(bad)
-                print(f"{name} {'/'.join(map(str, tiles))}: {len(bad)} of "
+                label = "/".join(map(str, tiles)) + (
+                    "" if ar_tiles == tiles else ":" + "/".join(map(str, ar_tiles)))
+                print(f"{name} {label}: {len(bad)} of "
                       f"{sum(len(p) for p, _ in TWIN_TREES)} tree queries differ from their "
                       f"ar twins; committed keys of those: {sorted({n for n, _ in bad})}",
                       flush=True)

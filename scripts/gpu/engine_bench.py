@@ -48,6 +48,7 @@ from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
 from ddtree.kernels.launch import set_pdl, set_prefetch
+from ddtree.kernels.tree_attention import set_wide_stages
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
@@ -476,6 +477,7 @@ PROMPT_8B = torch.randint(0, 151000, (512,), generator=torch.Generator().manual_
 
 def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     """Random Qwen3-8B-shaped pair: step times against the weight-read floor."""
+    set_wide_stages(args.wide_stages)
     target, drafter = build_8b()
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     # a step reads one row of the embedding table, not all of it
@@ -484,7 +486,8 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {"weight_gb": round(weight_bytes / 1e9, 2),
                             "copy_tb_s": round(bandwidth / 1e12, 2),
                             "floor_ms": round(weight_bytes / bandwidth * 1e3, 3),
-                            "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3)}
+                            "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3),
+                            "wide_stages": args.wide_stages}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64,
                                                         swiglu_epilogue=args.epilogue,
@@ -588,6 +591,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=False,
                         help="shapes8b: the norms and SwiGLU fused into the GEMMs' prologues "
                         "(EngineConfig.fused_prologues; A/B)")
+    parser.add_argument("--wide-stages", action=argparse.BooleanOptionalAction, default=True,
+                        help="shapes8b: tree attention's wide launches (more query-KV-head "
+                        "pairs than SMs) at the head dim's WIDE_STAGES (A/B; no bit moves)")
     parser.add_argument("--linear-table", type=Path, default=None,
                         help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
                              "to run with instead of the committed one (A/B of tilings)")

@@ -728,13 +728,29 @@ PY
   pack_all $1
   mark done
   ;;
+127)
+  # (after 0 alone, or warm after 124: random 8B weights, no target needed) tree
+  # attention's wide launches at WIDE_STAGES (2 stages at head dim 128 where the
+  # (query, KV head) pairs outnumber the SMs; the float ops are the same, checked on the
+  # PTX): the twin checks across stage counts (tree queries at 2 stages against their ar
+  # twins at 3, both head dims), then the 8B shapes with and without, twice in turn
+  # (prediction: verify of 1 + 63 nodes 6.24 -> ~5.96 ms, lease 15's sweep 42.4 -> 34.6
+  # us a layer; ar step and drafter block unchanged; tokens equal ar's in every run);
+  # with call 124's tuned fc tilings where that ran on this machine
+  [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
+  mark "twins across stage counts"
+  timeout 150 python3 scripts/gpu/attn_sweep.py --twins 64/4/2:64/4/3 64/4/3:64/4/2 \
+    64/2/3:64/2/2 2>&1 | grep -v Warn | tail -8
+  shapes8b_runs wide-stages no-wide-stages wide-stages no-wide-stages
+  pack_all $1
+  mark done
+  ;;
 126)
-  # (warm after 124 or 125) the 8B shapes, then tree@16 c8 / c1 through `ddtree serve` and
-  # in process (160 requests), with call 124's tuned fc tilings (each call gets a fresh
-  # copy of the repository: the table is put back from /tmp)
+  # (warm after 124 or 125) tree@16 c8 / c1 through `ddtree serve` and in process (160
+  # requests), with call 124's tuned fc tilings (each call gets a fresh copy of the
+  # repository: the table is put back from /tmp); the 8B shapes moved to call 127
   [ -f $T/config.json ] || stage_target
   [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
-  shapes8b_runs -
   SHARED=1 RUN=argmax serve_ahead 1 "tree:16:8 tree:16:1" 1
   mark "tree@16 in process, 160 requests"
   BENCH_TIMEOUT=240 NUM=160 bench_inprocess tree 16 "$OUT/report_inprocess.json"

@@ -8,6 +8,8 @@ the triton wheel carries. Uses triton internals: a tool, not a test.
                                                           #  compiles what the H200 host will)
     PYTHONPATH=. python -m tests.kernels.compile_sm90 --pdl on|off   # JSON: per kernel, the
         launch_pdl flag and where griddepcontrol sits in the PTX (tests/kernels/test_launch.py)
+    PYTHONPATH=. python -m tests.kernels.compile_sm90 --attention-loops | --attention-stages
+        # JSON: tree attention's two key loops agree; its wide-launch stages agree
 """
 
 from __future__ import annotations
@@ -251,12 +253,56 @@ def attention_loops_report() -> list[dict[str, object]]:
     return report
 
 
+def attention_stages_report() -> list[dict[str, object]]:
+    """Per head dim with WIDE_STAGES and per dtype: whether the split kernel's wide-launch
+    stage count compiles to the float operations of the head dim's ATTN_TILES stages
+    (`tree_attention.stages_agree`: the whole kernel's PTX, in order), and the registers and
+    shared memory of each."""
+    cases = [(shape, dtype) for shape in ((9, 3, 64), (32, 8, 128))
+             if shape[2] in attention.WIDE_STAGES for dtype in (torch.bfloat16, torch.float32)]
+
+    def launch() -> None:
+        for (num_heads, num_kv_heads, head_dim), dtype in cases:
+            block, warps, stages = attention.ATTN_TILES[head_dim]
+            q = torch.randn(3, num_heads, head_dim).to(dtype)
+            cache = torch.zeros(2, 600, num_kv_heads, head_dim, dtype=dtype)
+            meta = torch.zeros(3, dtype=torch.int64)
+            # the committed stages, then the wide ones as a wide launch runs them (the
+            # runtime check compiles the committed twin again: three binaries a case)
+            for launch_stages in (stages, attention.WIDE_STAGES[head_dim]):
+                attention.tree_attention_tiled(
+                    q, cache, cache, meta, meta + 300, meta + 300,
+                    torch.zeros(3, 2, dtype=torch.int64), meta + 1, 0.1, 600, block,
+                    attention.SPLIT_SIZE, True, warps, launch_stages, twin_stages=stages)
+
+    global _launch_all
+    saved, _launch_all = _launch_all, launch
+    try:
+        compiled = [kernel for name, kernel in compile_everything()
+                    if name == "_tree_attention_split_kernel"]
+    finally:
+        _launch_all = saved
+    report: list[dict[str, object]] = []
+    for i, ((_, _, head_dim), dtype) in enumerate(cases):
+        committed, wide = compiled[3 * i], compiled[3 * i + 1]
+        report.append({
+            "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
+            "stages": [attention.ATTN_TILES[head_dim][2], attention.WIDE_STAGES[head_dim]],
+            "agree": attention.stages_agree(wide.asm["ptx"], committed.asm["ptx"]),  # type: ignore[attr-defined]
+            "usage": [sass_of(kernel)[0] for kernel in (committed, wide)],
+            "shared": [kernel.metadata.shared for kernel in (committed, wide)]})  # type: ignore[attr-defined]
+    return report
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--pdl"]:
         print(json.dumps(pdl_report(sys.argv[2] == "on")))
         return
     if sys.argv[1:2] == ["--attention-loops"]:
         print(json.dumps(attention_loops_report()))
+        return
+    if sys.argv[1:2] == ["--attention-stages"]:
+        print(json.dumps(attention_stages_report()))
         return
     print(f"triton {triton.__version__}, target sm_90")
     for name, kernel in compile_everything():

@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import ddtree.kernels.tree_attention as attention_module
 from ddtree.kernels.tree_attention import (
     ATTN_TILES,
     SPLIT_SIZE,
+    WIDE_STAGES,
+    launch_stages,
     split_loops_agree,
+    stages_agree,
     tree_attention,
     tree_attention_reference,
     tree_attention_tiled,
@@ -199,16 +203,61 @@ def test_the_production_tiles_compile_to_agreeing_loops() -> None:
     head dims the split kernel's prefix loop and tree-key loop run the same float
     operations in the same order (the kernel also refuses, at its first launch on a GPU,
     a compiled variant where they do not)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90",
-                           "--attention-loops"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _compile_sm90_report("--attention-loops")
     production = [row for row in report if tuple(row["tiles"]) == ATTN_TILES[row["head_dim"]]]
     assert {row["head_dim"] for row in production} == {64, 128}, report
     assert all(row["agree"] for row in production), report
+
+
+def _compile_sm90_report(flag: str) -> list[dict]:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90", flag],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_wide_launch_stages_compile_to_the_same_float_operations() -> None:
+    """Compiled for sm_90 here (no GPU): the split kernel at a wide launch's stage count
+    (WIDE_STAGES) runs the float operations of the head dim's ATTN_TILES stages, in the same
+    order, in bf16 and float32, so a tree of many queries (a wide launch) keeps its ar
+    twins' bits. The kernel checks the same at its first wide launch on a GPU."""
+    report = _compile_sm90_report("--attention-stages")
+    assert {(row["head_dim"], row["dtype"]) for row in report} == {
+        (head_dim, dtype) for head_dim in WIDE_STAGES for dtype in ("bfloat16", "float32")}
+    assert all(row["agree"] for row in report), report
+    for row in report:  # fewer stages: less shared memory a program, so more programs an SM
+        assert row["shared"][1] < row["shared"][0], row
+
+
+def test_stages_agree_compares_the_whole_kernel_in_order() -> None:
+    body = "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};\n"
+    body += "\tmax.f32 %f3, %f4, %f5;\n\tex2.approx.f32 %f6, %f7;\n\tadd.f32 %f8, %f9, %f6;\n"
+    loads = "\tcp.async.cg.shared.global [%r5], [%rd4], 16;\n"
+    assert stages_agree(loads + body, body + loads + loads)  # loads are not float ops
+    swapped = body.replace("max.f32", "TMP").replace("add.f32", "max.f32").replace("TMP", "add.f32")
+    assert not stages_agree(body, swapped)  # same multiset, other order
+    assert not stages_agree(body, body + "\tfma.rn.f32 %f1, %f2, %f3, %f4;\n")
+
+
+def test_launch_stages_widen_only_past_the_device_s_sms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From shapes alone: the head dim's WIDE_STAGES once the (query, KV head) pairs
+    outnumber the SMs, the given stages below, on CPU tensors and head dims without an
+    entry, and when switched off."""
+    monkeypatch.setattr(attention_module, "_num_sms", lambda index: 132)
+    cuda = torch.device("cuda", 0)
+    assert launch_stages(128, 1, 8, 3, cuda) == 3  # one ar query of the 8B target
+    assert launch_stages(128, 16, 8, 3, cuda) == 3  # a drafter block: 128 pairs
+    assert launch_stages(128, 17, 8, 3, cuda) == WIDE_STAGES[128]
+    assert launch_stages(128, 64, 8, 3, cuda) == WIDE_STAGES[128]  # a tree of 64 nodes
+    assert launch_stages(64, 500, 3, 2, cuda) == 2  # no entry: the demo's head dim
+    assert launch_stages(128, 64, 8, 3, torch.device("cpu")) == 3
+    previous = attention_module.set_wide_stages(False)
+    try:
+        assert launch_stages(128, 64, 8, 3, cuda) == 3
+    finally:
+        attention_module.set_wide_stages(previous)
 
 
 def test_a_backend_may_take_another_tiling() -> None:
