@@ -739,6 +739,8 @@ PY
   # with call 124's tuned fc tilings where that ran on this machine
   [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
   mark "twins across stage counts"
+  DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_tree_attention.py -k wide_launch 2>&1 | tail -3
   timeout 150 python3 scripts/gpu/attn_sweep.py --twins 64/4/2:64/4/3 64/4/3:64/4/2 \
     64/2/3:64/2/2 2>&1 | grep -v Warn | tail -8
   shapes8b_runs wide-stages no-wide-stages wide-stages no-wide-stages

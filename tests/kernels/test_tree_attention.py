@@ -209,6 +209,27 @@ def test_the_production_tiles_compile_to_agreeing_loops() -> None:
     assert all(row["agree"] for row in production), report
 
 
+DEVICE = os.environ.get("DDTREE_TEST_DEVICE", "cpu")  # cuda: the GPU's compiled kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_wide_launch_equals_its_ar_twins_launched_alone(dtype: torch.dtype) -> None:
+    """The production launch (`tree_attention`): a tree of 17 nodes over 8 KV heads (136
+    query-KV-head pairs: past an H200's 132 SMs, so on a GPU at head dim 128 the split
+    kernel runs WIDE_STAGES) against each ar twin launched alone (8 pairs: the ATTN_TILES
+    stages), bitwise; nodes at depth 3-5 cross a key block and a split (keys 254-258).
+    DDTREE_TEST_DEVICE=cuda runs it on the GPU (the interpreter has no stages)."""
+    case = twin_case([(random_tree(17, 5), 253)], 16, 8, 128, dtype, seed=6, device=DEVICE)
+    length = int(case.ar.lengths().max())
+    tree_out = tree_attention(case.tree.q, case.k_cache, case.v_cache,
+                              *case.tree.fields()[1:], 0.1, length)
+    for i in range(case.ar.q.shape[0]):
+        twin = case.ar.select(torch.tensor([i], device=case.ar.q.device))
+        alone = tree_attention(twin.q, case.k_cache, case.v_cache, *twin.fields()[1:], 0.1,
+                               length)
+        assert torch.equal(alone[0], tree_out[i]), f"node {i}"
+
+
 def _compile_sm90_report(flag: str) -> list[dict]:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
