@@ -139,6 +139,19 @@ ATTN_TILES = {64: (BLOCK_N, 2, 2), 128: (BLOCK_N, 4, 3)}
 # 14.3 against 11.4 (a narrow launch: keeps 3). Head dim 64 keeps its 2 everywhere.
 WIDE_STAGES = {128: 2}
 _wide_stages_enabled = True
+# Query groups (2026-12-04): a tree's nodes (a drafter block's queries, a prefill chunk's
+# tokens) share their row's prefix, and one query a program read it once per query: a
+# tree of 64 nodes at 512 keys ran 8 x 64 x 2 programs of 4 prefix blocks each, ~3 waves
+# on an H200 (42.4 us a layer, the 8B verify's main cost over an ar step). Consecutive
+# queries come in groups of GROUP_PAD // G (Qwen3-8B: 4 queries x 4 heads, SmolLM2: 5 x 3
+# of the 16 rows of the dot): a split inside every member's prefix (same pool row) is done
+# once for the group by its first query's program, the members' rows side by side in one
+# dot; the splits holding tree keys stay one query a program, in parallel (an earlier
+# group kernel ran those query after query and lost, lease 17). Each row's arithmetic is
+# the ungrouped one (rows of a dot do not mix; the PTX of every key loop holds the same
+# float ops, `split_loops_agree`), so a grouped node still equals its ar twin. Decode
+# rows (one query a pool row) never form a group.
+_query_groups_enabled = True
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 # Split programs a launch aims at (queries x KV heads x programs a query): a query's splits
 # beyond its programs are taken in turn by them. The grid is sized from max_kv_len (a CUDA
@@ -158,6 +171,14 @@ def set_wide_stages(enabled: bool) -> bool:
     on (benchmarks' A/B); returns the old setting. CUDA graphs keep what they captured."""
     global _wide_stages_enabled
     previous, _wide_stages_enabled = _wide_stages_enabled, bool(enabled)
+    return previous
+
+
+def set_query_groups(enabled: bool) -> bool:
+    """Turns query groups (see above) on or off for launches from now on (benchmarks'
+    A/B; no bit moves); returns the old setting. CUDA graphs keep what they captured."""
+    global _query_groups_enabled
+    previous, _query_groups_enabled = _query_groups_enabled, bool(enabled)
     return previous
 
 
@@ -333,9 +354,15 @@ def _tree_attention_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
     PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, num_slots=1, pool_len=1,
+    QUERY_GROUP: tl.constexpr = 1, MEMBERS_PAD: tl.constexpr = 1,
 ):
     """Program (t, kv_head, p) attends query t's splits p, p + num_programs, ... (each
-    split as it would alone: the bits do not depend on num_programs)."""
+    split as it would alone: the bits do not depend on num_programs). With QUERY_GROUP > 1
+    the queries come in groups of QUERY_GROUP consecutive ones (see set_query_groups): a split
+    that lies inside the prefix of every member of a group of one pool row is computed by
+    the group's first query's program for all members at once, through one dot of
+    QUERY_GROUP x GROUP rows (each row as it would be alone: rows do not mix); the other
+    members' programs skip it."""
     t = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     first_split = tl.program_id(2)
@@ -362,41 +389,93 @@ def _tree_attention_split_kernel(
     q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                 mask=head_mask[:, None], other=0.0)  # (G_pad, D)
 
-    for split in range(first_split, query_splits, num_programs):
-        start = split * SPLIT
-        end = tl.minimum(start + SPLIT, total)
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        tail_start = start
-        if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load, so
-            # the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
-            tail_start = start + tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
-            for block_start in range(start, tail_start, BLOCK):
-                pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
-                m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64), pos < end,
-                                              m_i, l_i, acc, scale_log2, stride_kp, stride_vp,
-                                              HEAD_DIM, DOT_IEEE)
-        for block_start in range(tail_start, end, BLOCK):
-            pos = block_start + tl.arange(0, BLOCK)
-            tree_col = pos - prefix
-            is_tree = tree_col >= 0
-            tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
-                               mask=(pos < end) & is_tree & (tree_col < num_tree_cols), other=0)
-            slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
-            m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i, acc,
-                                          scale_log2, stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
+    # The group's shared splits: those inside every member's prefix (the same keys for
+    # all, slot == position) when the members share a pool row and each has more than one
+    # split (so each goes through the combine); 0 where the group is one query or mixed.
+    shared_splits = 0
+    leader = t
+    if QUERY_GROUP > 1:
+        leader = t - t % QUERY_GROUP
+        member = tl.arange(0, MEMBERS_PAD)
+        index = leader + member
+        in_group = (member < QUERY_GROUP) & (index < tl.num_programs(0))
+        slot_of = tl.load(query_slot_ptr + index, mask=in_group, other=0).to(tl.int64)
+        prefix_of = tl.load(prefix_len_ptr + index, mask=in_group, other=0).to(tl.int32)
+        total_of = prefix_of + tl.load(num_tree_keys_ptr + index, mask=in_group,
+                                       other=0).to(tl.int32)
+        leader_slot = tl.load(query_slot_ptr + leader).to(tl.int64)
+        others = tl.sum((in_group & (slot_of != leader_slot)).to(tl.int32))  # other rows
+        big = 2147483647
+        min_prefix = tl.min(tl.where(in_group, prefix_of, big))
+        min_total = tl.min(tl.where(in_group, total_of, big))
+        shared_splits = tl.where((tl.sum(in_group.to(tl.int32)) > 1) & (others == 0)
+                                 & (min_total > SPLIT), min_prefix // SPLIT, 0)
+        # row r of a shared split's dot: member r // GROUP, that member's head r % GROUP
+        row_member = rows // GROUP
+        row_query = leader + row_member
+        row_head = kv_head * GROUP + rows % GROUP
+        row_real = (row_member < QUERY_GROUP) & (row_query < tl.num_programs(0))
+        q_group = tl.load(q_ptr + row_query[:, None] * stride_qt
+                          + row_head[:, None] * stride_qh + dims[None, :],
+                          mask=row_real[:, None], other=0.0)  # (G_pad, D)
+        ws_group = row_query * num_splits * NUM_HEADS + row_head  # (G_pad,) int64
 
-        if total <= SPLIT:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
-        else:
-            ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
-            tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
-                     mask=head_mask[:, None])
-            tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
-            tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
+    for split in range(first_split, query_splits, num_programs):
+        if QUERY_GROUP > 1:
+            if (split < shared_splits) & (t == leader):  # the group's: its leader does it
+                start = split * SPLIT
+                m_g = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+                l_g = tl.zeros([GROUP_PAD], tl.float32)
+                acc_g = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+                for block_start in range(start, start + SPLIT, BLOCK):
+                    pos = block_start + tl.arange(0, BLOCK)
+                    m_g, l_g, acc_g = _attend_block(q_group, k_base, v_base, pos.to(tl.int64),
+                                                    pos < start + SPLIT, m_g, l_g, acc_g,
+                                                    scale_log2, stride_kp, stride_vp,
+                                                    HEAD_DIM, DOT_IEEE)
+                ws_row = ws_group + split * NUM_HEADS
+                tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc_g,
+                         mask=row_real[:, None])
+                tl.store(ws_stat_ptr + ws_row * 2, m_g, mask=row_real)
+                tl.store(ws_stat_ptr + ws_row * 2 + 1, l_g, mask=row_real)
+        if split >= shared_splits:  # this query's own split
+            start = split * SPLIT
+            end = tl.minimum(start + SPLIT, total)
+            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+            tail_start = start
+            if PREFIX_LOOP:  # whole blocks of prefix first: slot == position, no index load,
+                # so the pipeliner double-buffers K/V (an index load in the loop keeps it at one)
+                whole = tl.maximum(tl.minimum(end, prefix) - start, 0) // BLOCK * BLOCK
+                tail_start = start + whole
+                for block_start in range(start, tail_start, BLOCK):
+                    pos = block_start + tl.arange(0, BLOCK)  # (BLOCK,) logical positions
+                    m_i, l_i, acc = _attend_block(q, k_base, v_base, pos.to(tl.int64),
+                                                  pos < end, m_i, l_i, acc, scale_log2,
+                                                  stride_kp, stride_vp, HEAD_DIM, DOT_IEEE)
+            for block_start in range(tail_start, end, BLOCK):
+                pos = block_start + tl.arange(0, BLOCK)
+                tree_col = pos - prefix
+                is_tree = tree_col >= 0
+                tree_key = tl.load(tree_keys_ptr + t * stride_tree + tree_col,
+                                   mask=(pos < end) & is_tree & (tree_col < num_tree_cols),
+                                   other=0)
+                slot = tl.where(is_tree, tree_base + tree_key.to(tl.int32), pos).to(tl.int64)
+                m_i, l_i, acc = _attend_block(q, k_base, v_base, slot, pos < end, m_i, l_i,
+                                              acc, scale_log2, stride_kp, stride_vp, HEAD_DIM,
+                                              DOT_IEEE)
+
+            if total <= SPLIT:
+                out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+                tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                         out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+            else:
+                ws_row = (t * num_splits + split) * NUM_HEADS + heads  # (G_pad,) int64
+                tl.store(ws_acc_ptr + ws_row[:, None] * HEAD_DIM + dims[None, :], acc,
+                         mask=head_mask[:, None])
+                tl.store(ws_stat_ptr + ws_row * 2, m_i, mask=head_mask)
+                tl.store(ws_stat_ptr + ws_row * 2 + 1, l_i, mask=head_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -460,14 +539,16 @@ def tree_attention_tiled(
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, block_n: int, split_size: int, prefix_loop: bool = PREFIX_LOOP,
     num_warps: int = 4, num_stages: int = 3, split_programs: int = SPLIT_PROGRAMS,
-    twin_stages: int | None = None,
+    twin_stages: int | None = None, query_group: int | None = None,
 ) -> Tensor:
     """`tree_attention` with explicit block and split sizes, loop structure, warps and
     stages (the tests use small sizes to cross their boundaries at short lengths; the GPU
     sweep times others). Outputs agree bitwise only between launches with the same block,
     split, loop and warp settings; `split_programs` (how many programs the splits are
     spread over) changes no bit, nor does the stage count, which a launch with
-    `twin_stages` other than `num_stages` checks on the compiled code (`stages_agree`)."""
+    `twin_stages` other than `num_stages` checks on the compiled code (`stages_agree`).
+    `query_group`: queries a group (1: none; default: as many as fill the dot's rows,
+    while query groups are on), which changes no bit either."""
     _check_arguments(q, k_cache, v_cache, query_slot, prefix_len, tree_base, tree_keys,
                      num_tree_keys, max_kv_len)
     assert block_n >= 16 and split_size % block_n == 0, (block_n, split_size)
@@ -496,6 +577,10 @@ def tree_attention_tiled(
     # programs a query: every split its own up to SPLIT_PROGRAMS programs in all
     num_programs = min(num_splits, max(1, triton.cdiv(split_programs,
                                                       num_queries * num_kv_heads)))
+    group_pad = max(MIN_DOT_ROWS, triton.next_power_of_2(group))
+    if query_group is None:
+        query_group = group_pad // group if _query_groups_enabled else 1
+    assert 1 <= query_group * group <= group_pad, (query_group, group, group_pad)
     grid = (num_queries, num_kv_heads, num_programs)
     args = (q, k_cache, v_cache, out, ws_acc, ws_stat,
             query_slot, prefix_len, tree_base, tree_keys, num_tree_keys,
@@ -503,8 +588,9 @@ def tree_attention_tiled(
             q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
             out.stride(0), out.stride(1), num_splits, num_programs)
     options = dict(
-        GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
+        GROUP=group, GROUP_PAD=group_pad, QUERY_GROUP=query_group,
+        MEMBERS_PAD=triton.next_power_of_2(query_group), NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
         PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
         pool_len=k_cache.shape[1], num_warps=num_warps, **launch_kwargs(pdl))

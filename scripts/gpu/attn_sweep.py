@@ -11,6 +11,8 @@ setting also needs the exact stage end to end (engine_bench.py --stages exact, w
 
     python3 scripts/gpu/attn_sweep.py [--json-out FILE]
     python3 scripts/gpu/attn_sweep.py --twins 64/4/3 64/2/2   # the twin checks only
+    python3 scripts/gpu/attn_sweep.py --groups   # committed tiles: one query a program
+                                                 # against query groups, both stage counts
 
 Prints one table per head dim (us per call), the committed setting first, the best by the
 sum over that head dim's shapes last.
@@ -27,7 +29,12 @@ from pathlib import Path
 
 import torch
 
-from ddtree.kernels.tree_attention import ATTN_TILES, SPLIT_SIZE, tree_attention_tiled
+from ddtree.kernels.tree_attention import (
+    ATTN_TILES,
+    SPLIT_SIZE,
+    WIDE_STAGES,
+    tree_attention_tiled,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.kernels helpers
 from tests.kernels.bench_tree_attention import tree_batch  # noqa: E402
@@ -97,14 +104,43 @@ def timer(num_heads: int, num_kv_heads: int, head_dim: int,
     scale = 1 / math.sqrt(head_dim)
     max_kv_len = 2048 if length <= 2048 else 8192  # a graph's grid: the engine's bound
 
-    def time_tiles(tiles: tuple[int, int, int]) -> float:
+    def time_tiles(tiles: tuple[int, int, int], query_group: int | None = None) -> float:
         block, warps, stages = tiles
         return graph_replay_us(rotating([
             lambda p=p: tree_attention_tiled(q, p[0], p[1], *index, scale, max_kv_len, block,
-                                             SPLIT_SIZE, True, warps, stages)
+                                             SPLIT_SIZE, True, warps, stages,
+                                             query_group=query_group)
             for p in pools]))
 
     return time_tiles
+
+
+def groups_table(json_out: Path | None) -> int:
+    """us per call at every shape of HEADS: the committed tiles one query a program and in
+    query groups, each at the tile's stages and (head dims with an entry) WIDE_STAGES; the
+    twin check of the grouped launch first (grouped tree queries against ar twins)."""
+    results: dict[str, list[dict]] = {}
+    for name, (num_heads, num_kv_heads, head_dim, shapes) in HEADS.items():
+        tiles = ATTN_TILES[head_dim]
+        stage_counts = sorted({tiles[2], WIDE_STAGES.get(head_dim, tiles[2])}, reverse=True)
+        timers = [timer(num_heads, num_kv_heads, head_dim, shape) for shape in shapes]
+        bad = twin_failures(num_heads, num_kv_heads, head_dim, tiles)
+        print(f"== {name}: grouped twins differing: {len(bad)}", flush=True)
+        rows = []
+        for stages in stage_counts:
+            for group in (1, None):
+                setting = (tiles[0], tiles[1], stages)
+                us = [round(time_tiles(setting, group), 2) for time_tiles in timers]
+                rows.append({"stages": stages, "groups": group is None, "us": us})
+                print(json.dumps({"heads": name, **rows[-1]}), flush=True)
+        results[name] = rows
+        print(f"{'stages / groups':>18}  " + "  ".join(f"{str(s):>16}" for s in shapes))
+        for row in rows:
+            label = f"{row['stages']} / {'groups' if row['groups'] else 'one query'}"
+            print(f"{label:>18}  " + "  ".join(f"{u:16.2f}" for u in row["us"]), flush=True)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=1))
+    return 0
 
 
 def main() -> int:
@@ -115,8 +151,13 @@ def main() -> int:
                         help="only the twin checks of these settings at both head dims "
                              "(every failing (committed keys, node)), no timing; after a "
                              "colon the ar twins' own settings")
+    parser.add_argument("--groups", action="store_true",
+                        help="only the production tiles at each shape: one query a program "
+                             "against query groups, at the tile's stages and at WIDE_STAGES")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {}
+    if args.groups:
+        return groups_table(args.json_out)
     if args.twins is not None or DEVICE == "cpu":
         def parse(text: str) -> tuple[int, int, int]:
             block, warps, stages = (int(v) for v in text.split("/"))

@@ -48,7 +48,7 @@ from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
 from ddtree.kernels.launch import set_pdl, set_prefetch
-from ddtree.kernels.tree_attention import set_wide_stages
+from ddtree.kernels.tree_attention import set_query_groups, set_wide_stages
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
@@ -260,7 +260,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # norms" runs the norms after o_proj / down on their own (EngineConfig.reduce_fusions
     # off); "no rope epilogue" runs RoPE and the KV store after the QKV GEMM
     # (EngineConfig.rope_epilogue off); "no round commit" the verify half's bookkeeping
-    # in PyTorch (EngineConfig.round_commit off); "PyTorch tree"
+    # in PyTorch (EngineConfig.round_commit off); "no query groups" tree attention one
+    # query a program (tree_attention.set_query_groups); "PyTorch tree"
     # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
     # rows with cuBLAS ar (not batch invariant).
@@ -274,6 +275,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (no rope epilogue)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no round commit)", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
+                (" (no query groups)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
@@ -293,6 +296,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             continue
         # graphs keep the launches they were captured with
         launches_before = set_pdl(pdl), set_prefetch(prefetch)
+        groups_before = set_query_groups(kind != "no query groups")
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue,
@@ -317,6 +321,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         del engine
         set_pdl(launches_before[0])
         set_prefetch(launches_before[1])
+        set_query_groups(groups_before)
     if args.hf:
         rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
         print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s",
@@ -478,6 +483,7 @@ PROMPT_8B = torch.randint(0, 151000, (512,), generator=torch.Generator().manual_
 def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     """Random Qwen3-8B-shaped pair: step times against the weight-read floor."""
     set_wide_stages(args.wide_stages)
+    set_query_groups(args.query_groups)
     target, drafter = build_8b()
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     # a step reads one row of the embedding table, not all of it
@@ -487,7 +493,7 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                             "copy_tb_s": round(bandwidth / 1e12, 2),
                             "floor_ms": round(weight_bytes / bandwidth * 1e3, 3),
                             "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3),
-                            "wide_stages": args.wide_stages}
+                            "wide_stages": args.wide_stages, "query_groups": args.query_groups}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64,
                                                         swiglu_epilogue=args.epilogue,
@@ -594,6 +600,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wide-stages", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: tree attention's wide launches (more query-KV-head "
                         "pairs than SMs) at the head dim's WIDE_STAGES (A/B; no bit moves)")
+    parser.add_argument("--query-groups", action=argparse.BooleanOptionalAction, default=True,
+                        help="shapes8b: tree attention's query groups (a shared prefix split "
+                        "once per group of nodes; A/B; no bit moves)")
     parser.add_argument("--linear-table", type=Path, default=None,
                         help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
                              "to run with instead of the committed one (A/B of tilings)")

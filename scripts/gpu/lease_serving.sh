@@ -708,7 +708,8 @@ PY
   # (after 0-3, carry .carry/g4) round_commit with the split argmax (the walk's and ar's)
   # and the drafter's fc + norm through the invariant GEMM and the norm kernel
   # (DFlashDrafter.fuse_infer): the kernels' GPU tests, the fc shapes tuned, the batch-1
-  # table with and without round_commit, every mode against ar (call 126 goes on)
+  # table plain / without round_commit / without tree attention's query groups (every
+  # row's tokens against plain ar's); every mode against ar is call 127's
   [ -f $T/config.json ] || stage_target
   mark "round_commit tests on the GPU"
   DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
@@ -721,36 +722,54 @@ PY
     --seconds-per-shape 15 2>&1 | grep -v Warn | tail -4
   cp ddtree/kernels/linear_tuned.json "$OUT/"
   cp ddtree/kernels/linear_tuned.json /tmp/linear_tuned.json
-  mark "engine_bench speed plain, no round commit"
-  speed_table "plain,no round commit"
-  mark "exact"
-  exact_modes
+  mark "engine_bench speed plain, no round commit, no query groups"
+  speed_table "plain,no round commit,no query groups"
   pack_all $1
   mark done
   ;;
 127)
-  # (after 0 alone, or warm after 124: random 8B weights, no target needed) tree
-  # attention's wide launches at WIDE_STAGES (2 stages at head dim 128 where the
-  # (query, KV head) pairs outnumber the SMs; the float ops are the same, checked on the
-  # PTX): the twin checks across stage counts (tree queries at 2 stages against their ar
-  # twins at 3, both head dims), then the 8B shapes with and without, twice in turn
-  # (prediction: verify of 1 + 63 nodes 6.24 -> ~5.96 ms, lease 15's sweep 42.4 -> 34.6
-  # us a layer; ar step and drafter block unchanged; tokens equal ar's in every run);
-  # with call 124's tuned fc tilings where that ran on this machine
+  # (warm after 124) tree attention's query groups and wide launches (2 stages at head dim
+  # 128 past the SM count), the exactness side: every mode against ar at c1 and c8 (the
+  # demo: groups on), the wide-launch and group tests on the GPU, the kernel table one
+  # query a program against groups at both stage counts (attn_sweep.py --groups: lease
+  # 15's sweep had one tree of 64 nodes at 42.4 us, 34.6 at 2 stages; prediction with
+  # groups ~12-18), the twin checks across stage counts (tree queries at one, ar twins
+  # at the other)
+  [ -f $T/config.json ] || stage_target
   [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
-  mark "twins across stage counts"
+  mark "exact"
+  exact_modes
+  mark "wide launch and group tests, groups table, twins across stage counts"
   DDTREE_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider \
-    tests/kernels/test_tree_attention.py -k wide_launch 2>&1 | tail -3
-  timeout 150 python3 scripts/gpu/attn_sweep.py --twins 64/4/2:64/4/3 64/4/3:64/4/2 \
+    tests/kernels/test_tree_attention.py -k "wide_launch_equals or query_groups" 2>&1 | tail -3
+  timeout 150 python3 scripts/gpu/attn_sweep.py --groups --json-out "$OUT/attn_groups.json" \
+    2>&1 | grep -v Warn | grep -v '^{' | tail -14
+  timeout 120 python3 scripts/gpu/attn_sweep.py --twins 64/4/2:64/4/3 64/4/3:64/4/2 \
     64/2/3:64/2/2 2>&1 | grep -v Warn | tail -8
-  shapes8b_runs wide-stages no-wide-stages wide-stages no-wide-stages
+  pack_all $1
+  mark done
+  ;;
+128)
+  # (warm after 127, or after 0 alone: random 8B weights, no target needed) the 8B shapes
+  # with query groups and wide launches, with neither, groups alone, both again
+  # (prediction: verify of 1 + 63 nodes 6.24 -> ~5.2-5.5 ms with both, ~5.96 with wide
+  # launches alone; the ar step unchanged; the drafter block (16 queries on one context:
+  # grouped) a little faster; every run's tokens equal ar's), call 124's fc tilings
+  [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
+  i=0
+  for flags in "" "--no-wide-stages --no-query-groups" "--no-wide-stages" ""; do
+    i=$((i + 1)); mark "shapes8b $flags"
+    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b $flags --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$i.json"
+  done
   pack_all $1
   mark done
   ;;
 126)
   # (warm after 124 or 125) tree@16 c8 / c1 through `ddtree serve` and in process (160
   # requests), with call 124's tuned fc tilings (each call gets a fresh copy of the
-  # repository: the table is put back from /tmp); the 8B shapes moved to call 127
+  # repository: the table is put back from /tmp); the 8B shapes moved to call 128
   [ -f $T/config.json ] || stage_target
   [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
   SHARED=1 RUN=argmax serve_ahead 1 "tree:16:8 tree:16:1" 1

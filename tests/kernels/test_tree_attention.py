@@ -212,6 +212,34 @@ def test_the_production_tiles_compile_to_agreeing_loops() -> None:
 DEVICE = os.environ.get("DDTREE_TEST_DEVICE", "cpu")  # cuda: the GPU's compiled kernels
 
 
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, dtype", [
+    (8, 2, 64, torch.bfloat16),  # 4 heads a KV head: groups of 4 queries
+    (9, 3, 64, torch.float32),  # the demo's 3: groups of 5 (15 of the 16 rows)
+    (16, 4, 128, torch.bfloat16),
+])
+def test_query_groups_give_the_ungrouped_bits(num_heads: int, num_kv_heads: int,
+                                              head_dim: int, dtype: torch.dtype) -> None:
+    """Trees whose nodes share 2-3 whole splits of prefix (split 32): those splits are
+    computed once per group of consecutive nodes, side by side in one dot; every node's
+    output is the ungrouped launch's, its ar twin's (each twin its own pool row: never
+    grouped) and close to the reference. The second row starts inside a group (a group of
+    two rows is not grouped) and a chain ends on a split boundary."""
+    case = twin_case([(random_tree(11, 8), 100), (chain(7), 64), (random_tree(9, 9), 96)],
+                     num_heads, num_kv_heads, head_dim, dtype, seed=7, device=DEVICE)
+    queries = case.tree
+    length = int(queries.lengths().max())
+
+    def launch(query_group: int | None, batch: Queries) -> torch.Tensor:
+        return tree_attention_tiled(batch.q, case.k_cache, case.v_cache, *batch.fields()[1:],
+                                    1 / math.sqrt(head_dim), length, *SMALL_TILES,
+                                    query_group=query_group)
+
+    grouped = launch(None, queries)
+    assert torch.equal(grouped, launch(1, queries))
+    assert torch.equal(grouped, launch(None, case.ar))
+    assert_close_to(grouped, reference(case, queries))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_wide_launch_equals_its_ar_twins_launched_alone(dtype: torch.dtype) -> None:
     """The production launch (`tree_attention`): a tree of 17 nodes over 8 KV heads (136
