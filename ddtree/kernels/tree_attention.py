@@ -133,10 +133,11 @@ ATTN_TILES = {64: (BLOCK_N, 2, 2), 128: (BLOCK_N, 4, 3)}
 # PTX's float-op sequence of every stage count is the same, sm_90, triton 3.6 and 3.9;
 # the kernel checks it at the first wide launch: `stages_agree`), so a wide launch's
 # queries keep their bits and a tree node still equals its ar twin launched alone. At head
-# dim 128 2 stages hold 122 registers and 39 KB of shared memory a program (3: 164 and
-# 72 KB): four programs an SM against three. Lease 15's sweep: one tree of 64 nodes at 512
-# keys 34.6 us against 42.4, eight trees 261.8 against 331.0; one query at 4,096 keys
-# 14.3 against 11.4 (a narrow launch: keeps 3). Head dim 64 keeps its 2 everywhere.
+# dim 128 2 stages hold 156 registers and 39 KB of shared memory a program (3: 201 and
+# 72 KB; triton 3.6): three programs an SM against two. Lease 15's sweep (before query
+# groups, 122 / 164 registers): one tree of 64 nodes at 512 keys 34.6 us against 42.4,
+# eight trees 261.8 against 331.0; one query at 4,096 keys 14.3 against 11.4 (a narrow
+# launch: keeps 3). Head dim 64 keeps its 2 everywhere.
 WIDE_STAGES = {128: 2}
 _wide_stages_enabled = True
 # Query groups (2026-12-04): a tree's nodes (a drafter block's queries, a prefill chunk's
