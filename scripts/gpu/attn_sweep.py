@@ -120,11 +120,13 @@ def groups_table(json_out: Path | None) -> int:
     query groups, each at the tile's stages and (head dims with an entry) WIDE_STAGES; the
     twin check of the grouped launch first (grouped tree queries against ar twins)."""
     results: dict[str, list[dict]] = {}
+    failed = 0
     for name, (num_heads, num_kv_heads, head_dim, shapes) in HEADS.items():
         tiles = ATTN_TILES[head_dim]
         stage_counts = sorted({tiles[2], WIDE_STAGES.get(head_dim, tiles[2])}, reverse=True)
         timers = [timer(num_heads, num_kv_heads, head_dim, shape) for shape in shapes]
         bad = twin_failures(num_heads, num_kv_heads, head_dim, tiles)
+        failed += bool(bad)
         print(f"== {name}: grouped twins differing: {len(bad)}", flush=True)
         rows = []
         for stages in stage_counts:
@@ -140,7 +142,7 @@ def groups_table(json_out: Path | None) -> int:
             print(f"{label:>18}  " + "  ".join(f"{u:16.2f}" for u in row["us"]), flush=True)
     if json_out:
         json_out.write_text(json.dumps(results, indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 def main() -> int:
