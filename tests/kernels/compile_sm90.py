@@ -9,7 +9,8 @@ the triton wheel carries. Uses triton internals: a tool, not a test.
     PYTHONPATH=. python -m tests.kernels.compile_sm90 --pdl on|off   # JSON: per kernel, the
         launch_pdl flag and where griddepcontrol sits in the PTX (tests/kernels/test_launch.py)
     PYTHONPATH=. python -m tests.kernels.compile_sm90 --attention-loops | --attention-stages
-        # JSON: tree attention's two key loops agree; its wide-launch stages agree
+        # JSON: tree attention's key loops agree; its wide-launch stages agree (--attention:
+        # both, as {"loops": ..., "stages": ...})
 """
 
 from __future__ import annotations
@@ -303,6 +304,10 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["--attention-stages"]:
         print(json.dumps(attention_stages_report()))
+        return
+    if sys.argv[1:2] == ["--attention"]:  # both, in one process (the CI test's time)
+        print(json.dumps({"loops": attention_loops_report(),
+                          "stages": attention_stages_report()}))
         return
     print(f"triton {triton.__version__}, target sm_90")
     for name, kernel in compile_everything():

@@ -198,12 +198,13 @@ def test_split_loops_agree_compares_the_float_ops_of_each_loop() -> None:
     assert not split_loops_agree(labelled.replace("max.f32", "min.f32", 1))
 
 
-def test_the_production_tiles_compile_to_agreeing_loops() -> None:
+def test_the_production_tiles_compile_to_agreeing_loops(
+        sm90_reports: dict[str, list[dict]]) -> None:
     """Compiled for sm_90 on this machine (no GPU): under the production tiles of both
     head dims the split kernel's prefix loop and tree-key loop run the same float
     operations in the same order (the kernel also refuses, at its first launch on a GPU,
     a compiled variant where they do not)."""
-    report = _compile_sm90_report("--attention-loops")
+    report = sm90_reports["loops"]
     production = [row for row in report if tuple(row["tiles"]) == ATTN_TILES[row["head_dim"]]]
     assert {row["head_dim"] for row in production} == {64, 128}, report
     assert all(row["agree"] for row in production), report
@@ -259,21 +260,25 @@ def test_a_wide_launch_equals_its_ar_twins_launched_alone() -> None:
         assert torch.equal(alone[0], tree_out[i]), f"node {i}"
 
 
-def _compile_sm90_report(flag: str) -> list[dict]:
+@pytest.fixture(scope="module")
+def sm90_reports() -> dict[str, list[dict]]:
+    """The split kernel compiled for sm_90 here (no GPU, one subprocess): whether its key
+    loops agree per tiling, and whether its wide-launch stages agree per dtype."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90", flag],
+    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90", "--attention"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_wide_launch_stages_compile_to_the_same_float_operations() -> None:
+def test_wide_launch_stages_compile_to_the_same_float_operations(
+        sm90_reports: dict[str, list[dict]]) -> None:
     """Compiled for sm_90 here (no GPU): the split kernel at a wide launch's stage count
     (WIDE_STAGES) runs the float operations of the head dim's ATTN_TILES stages, in the same
     order, in bf16 and float32, so a tree of many queries (a wide launch) keeps its ar
     twins' bits. The kernel checks the same at its first wide launch on a GPU."""
-    report = _compile_sm90_report("--attention-stages")
+    report = sm90_reports["stages"]
     assert {(row["head_dim"], row["dtype"]) for row in report} == {
         (head_dim, dtype) for head_dim in WIDE_STAGES for dtype in ("bfloat16", "float32")}
     assert all(row["agree"] for row in report), report
