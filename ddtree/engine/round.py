@@ -223,7 +223,8 @@ def _kernel_meta(state: SlotState, rows: Tensor, parents: Tensor, depth: Tensor,
     meta = AttentionMeta(
         positions=positions, write_slot=slots, write_pos=write_pos, query_slot=slots,
         prefix_len=base, tree_base=base, tree_keys=chains.view(-1, width),
-        num_tree_keys=num_keys, max_kv_len=max_kv_len)
+        num_tree_keys=num_keys, max_kv_len=max_kv_len,
+        queries_per_row=1 if parents.shape[1] == 1 else 0)
     return meta, chains
 
 
@@ -252,7 +253,7 @@ def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
     meta = AttentionMeta(
         positions=committed, write_slot=rows, write_pos=committed, query_slot=rows,
         prefix_len=committed, tree_base=committed, tree_keys=torch.zeros_like(committed)[:, None],
-        num_tree_keys=ones, max_kv_len=pool.max_len)
+        num_tree_keys=ones, max_kv_len=pool.max_len, queries_per_row=1)
     logits = target(bonus, meta, pool).logits  # (B, V)
     next_token = logits.argmax(dim=-1)
     state.ints[rows, COMMITTED: BONUS + 1] = torch.stack([committed + 1, next_token], dim=1)

@@ -150,8 +150,9 @@ _wide_stages_enabled = True
 # dot; the splits holding tree keys stay one query a program, in parallel (an earlier
 # group kernel ran those query after query and lost, lease 17). Each row's arithmetic is
 # the ungrouped one (rows of a dot do not mix; the PTX of every key loop holds the same
-# float ops, `split_loops_agree`), so a grouped node still equals its ar twin. Decode
-# rows (one query a pool row) never form a group.
+# float ops, `split_loops_agree`), so a grouped node still equals its ar twin. Decoding
+# launches (one query a pool row: AttentionMeta.queries_per_row 1) run the kernel without
+# groups (fewer registers), whose key loops a grouped kernel is checked against.
 _query_groups_enabled = True
 PREFIX_LOOP = True  # whole prefix blocks in their own loop (pipelined); False: one loop
 # Split programs a launch aims at (queries x KV heads x programs a query): a query's splits
@@ -216,16 +217,9 @@ def _float_ops(lines: list[str]) -> list[str]:
     return ops
 
 
-def split_loops_agree(ptx: str) -> bool:
-    """Whether the split kernel's innermost loops that do float arithmetic (each a span
-    that a backward branch closes, holding no other) run the same float operations: the
-    prefix loop and the tree-key loop must, for a key block to give the same bits whichever
-    loop reaches it (an ar query reaches in its first loop a block its tree twin reaches in
-    its second).
-    Compared as multisets: the scheduler may order independent operations differently in
-    the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
-    result. Necessary, not sufficient (the twin checks of scripts/gpu/attn_sweep.py and the
-    exact stage on the GPU are the evidence)."""
+def _loop_float_ops(ptx: str) -> list[collections.Counter[str]]:
+    """The float-op multisets of a PTX's innermost loops that do float arithmetic (each a
+    span that a backward branch closes, holding no other)."""
     lines = ptx.splitlines()
     labels = {match.group(1): i for i, line in enumerate(lines)
               for match in [re.match(r"\s*(\$?[\w$]+):", line)] if match}
@@ -238,7 +232,21 @@ def split_loops_agree(ptx: str) -> bool:
     inner = [(a, b) for a, b in spans
              if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
     loops = [_float_ops(lines[a:b]) for a, b in inner]
-    counts = [collections.Counter(loop) for loop in loops if loop]  # not the L2 prefetch's
+    return [collections.Counter(loop) for loop in loops if loop]  # not the L2 prefetch's
+
+
+def split_loops_agree(ptx: str, *twins: str) -> bool:
+    """Whether the split kernel's innermost loops that do float arithmetic run the same
+    float operations: the key loops (a group's prefix loop, a query's prefix loop and its
+    tree-key loop) must, for a key block to give the same bits whichever loop reaches it
+    (an ar query reaches in its first loop a block its tree twin reaches in its second, or
+    in its group's); with `twins`, the loops of those compiled variants too (a launch
+    without query groups against one with them).
+    Compared as multisets: the scheduler may order independent operations differently in
+    the two loops (triton 3.9 does so for float32 at head dim 128), which changes no
+    result. Necessary, not sufficient (the twin checks of scripts/gpu/attn_sweep.py and the
+    exact stage on the GPU are the evidence)."""
+    counts = [count for text in (ptx, *twins) for count in _loop_float_ops(text)]
     return all(count == counts[0] for count in counts[1:])
 
 
@@ -254,27 +262,28 @@ def stages_agree(ptx: str, twin_ptx: str) -> bool:
     return _float_ops(ptx.splitlines()) == _float_ops(twin_ptx.splitlines())
 
 
-_CHECKED_STAGES: dict[int, bool] = {}
+_CHECKED_TWINS: dict[tuple[int, str], bool] = {}
 
 
-def _check_stages(kernel: object, compile_twin: Callable[[], object], num_stages: int,
-                  twin_stages: int) -> None:
-    """Refuses a wide launch's compiled variant whose float operations are not those of
-    the variant with `twin_stages` (compiled, not launched, by `compile_twin`): its queries
-    would not keep their bits. Checked once per compiled variant."""
+def _check_twin(kernel: object, compile_twin: Callable[[], object],
+                agree_with: Callable[[str, str], bool], what: str) -> None:
+    """Refuses a compiled variant whose float operations (`agree_with` on the two PTX
+    texts) are not those of its twin (compiled, not launched, by `compile_twin`): its
+    queries would not keep their bits. Checked once per compiled variant and twin kind."""
     asm = getattr(kernel, "asm", None)
     if not isinstance(asm, dict) or "ptx" not in asm:
         return
-    agree = _CHECKED_STAGES.get(id(kernel))
+    key = (id(kernel), what)
+    agree = _CHECKED_TWINS.get(key)
     if agree is None:
         twin_asm = getattr(compile_twin(), "asm", None)
-        agree = isinstance(twin_asm, dict) and stages_agree(asm["ptx"], twin_asm["ptx"])
-        _CHECKED_STAGES[id(kernel)] = agree
+        agree = isinstance(twin_asm, dict) and agree_with(asm["ptx"], twin_asm["ptx"])
+        _CHECKED_TWINS[key] = agree
     if not agree:
         raise RuntimeError(
-            f"tree attention with {num_stages} stages compiled to other float operations than "
-            f"with {twin_stages}: a wide launch's queries would change their bits; set "
-            "WIDE_STAGES for this head dim to its ATTN_TILES stages")
+            f"tree attention {what} compiled to other float operations than its twin: its "
+            "queries would change their bits (WIDE_STAGES / set_query_groups(False) avoid "
+            "the variant)")
 
 
 def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) -> None:
@@ -516,6 +525,7 @@ def tree_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, query_slot: Tensor, prefix_len: Tensor,
     tree_base: Tensor, tree_keys: Tensor, num_tree_keys: Tensor, scale: float,
     max_kv_len: int, tiles: tuple[int, int, int] | None = None,
+    query_group: int | None = None,
 ) -> Tensor:
     """The Triton kernel of `tree_attention_reference` (same arguments; softmax in float32).
 
@@ -524,7 +534,8 @@ def tree_attention(
     (T,) int32/int64; tree_keys: (T, Kt) int32/int64, row-contiguous. `max_kv_len` bounds
     prefix_len + num_tree_keys and only sizes the grid (CUDA graphs: the grid may not
     depend on tensor values). A query with no keys gets zeros. Returns (T, Hq, D).
-    `tiles` (BLOCK_N, warps, stages) replaces the head dim's ATTN_TILES (experiments).
+    `tiles` (BLOCK_N, warps, stages) replaces the head dim's ATTN_TILES (experiments);
+    `query_group` 1 runs the kernel without query groups (decoding: one query a pool row).
     """
     block_n, num_warps, num_stages = tiles or ATTN_TILES.get(q.shape[2], (BLOCK_N, 4, 3))
     stages = num_stages if tiles else launch_stages(q.shape[2], q.shape[0], k_cache.shape[2],
@@ -532,7 +543,7 @@ def tree_attention(
     return tree_attention_tiled(q, k_cache, v_cache, query_slot, prefix_len, tree_base,
                                 tree_keys, num_tree_keys, scale, max_kv_len, block_n,
                                 SPLIT_SIZE, PREFIX_LOOP, num_warps, stages,
-                                twin_stages=num_stages)
+                                twin_stages=num_stages, query_group=query_group)
 
 
 def tree_attention_tiled(
@@ -597,9 +608,15 @@ def tree_attention_tiled(
         pool_len=k_cache.shape[1], num_warps=num_warps, **launch_kwargs(pdl))
     kernel = _tree_attention_split_kernel[grid](*args, num_stages=num_stages, **options)
     _check_loops(kernel, block_n, num_warps, num_stages)
-    if twin_stages is not None and twin_stages != num_stages:
-        _check_stages(kernel, lambda: _tree_attention_split_kernel.warmup(
-            *args, grid=grid, num_stages=twin_stages, **options), num_stages, twin_stages)
+    if twin_stages is not None and twin_stages != num_stages:  # a wide launch's stages
+        _check_twin(kernel, lambda: _tree_attention_split_kernel.warmup(
+            *args, grid=grid, num_stages=twin_stages, **options), stages_agree,
+            f"with {num_stages} stages (twin: {twin_stages})")
+    if query_group > 1:  # its key loops against those of the kernel without groups
+        ungrouped = dict(options, QUERY_GROUP=1, MEMBERS_PAD=1)
+        _check_twin(kernel, lambda: _tree_attention_split_kernel.warmup(
+            *args, grid=grid, num_stages=twin_stages or num_stages, **ungrouped),
+            split_loops_agree, f"in groups of {query_group} queries")
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,

@@ -24,7 +24,10 @@ class AttentionMeta:
     """Per query token, flattened (T,) unless said: `write_slot`/`write_pos` where its own
     K/V go; `query_slot` its pool row; `prefix_len`, `tree_base`, `tree_keys` (T, Kt),
     `num_tree_keys` its logical key sequence; `positions` its RoPE position (int64).
-    `max_kv_len` bounds prefix_len + num_tree_keys (a Python int, sizes the grid)."""
+    `max_kv_len` bounds prefix_len + num_tree_keys (a Python int, sizes the grid).
+    `queries_per_row` (a Python int): 1 where every query has a pool row of its own
+    (decoding), so tree attention's query groups cannot form and the launch runs the
+    kernel without them; 0 where rows may hold several consecutive queries."""
 
     positions: Tensor
     write_slot: Tensor
@@ -35,6 +38,7 @@ class AttentionMeta:
     tree_keys: Tensor
     num_tree_keys: Tensor
     max_kv_len: int
+    queries_per_row: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +65,7 @@ def tree_meta(slots: Tensor, committed: Tensor, parents: Tensor, depth: Tensor,
         query_slot=rows, prefix_len=_flat(base), tree_base=_flat(base),
         tree_keys=chains.reshape(batch * num_nodes, width).contiguous(),
         num_tree_keys=_flat(depth + 1), max_kv_len=max_kv_len,
+        queries_per_row=1 if num_nodes == 1 else 0,
     )
 
 

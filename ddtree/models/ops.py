@@ -197,7 +197,8 @@ def attention(backend: Backend, q: Tensor, k_cache: Tensor, v_cache: Tensor,
     if backend.kernels:
         return tree_attention.tree_attention(
             q, k_cache, v_cache, meta.query_slot, meta.prefix_len, meta.tree_base,
-            meta.tree_keys, meta.num_tree_keys, scale, meta.max_kv_len, backend.attn_tiles)
+            meta.tree_keys, meta.num_tree_keys, scale, meta.max_kv_len, backend.attn_tiles,
+            query_group=1 if meta.queries_per_row == 1 else None)
     return tree_attention.tree_attention_reference(
         q, k_cache, v_cache, meta.query_slot, meta.prefix_len, meta.tree_base,
         meta.tree_keys, meta.num_tree_keys, scale)

@@ -243,9 +243,12 @@ def attention_loops_report() -> list[dict[str, object]]:
 
     global _launch_all
     saved, _launch_all = _launch_all, launch
-    try:
+    names = attention._tree_attention_split_kernel.arg_names  # type: ignore[attr-defined]
+    group_arg = (names.index("QUERY_GROUP"),)
+    try:  # the launches' own kernels (with query groups), not the twins the checks compile
         compiled = [kernel for name, kernel in compile_everything()
-                    if name == "_tree_attention_split_kernel"]
+                    if name == "_tree_attention_split_kernel"
+                    and kernel.src.constants[group_arg] > 1]  # type: ignore[attr-defined]
     finally:
         _launch_all = saved
     for ((_, _, head_dim), tiles), kernel in zip(LOOP_CASES, compiled, strict=True):
@@ -255,43 +258,59 @@ def attention_loops_report() -> list[dict[str, object]]:
 
 
 def attention_stages_report() -> list[dict[str, object]]:
-    """Per head dim with WIDE_STAGES and per dtype: whether the split kernel's wide-launch
-    stage count compiles to the float operations of the head dim's ATTN_TILES stages
-    (`tree_attention.stages_agree`: the whole kernel's PTX, in order), and the registers and
-    shared memory of each."""
+    """Per head dim with WIDE_STAGES and per dtype, the split kernel as the engine launches
+    it: with query groups at the head dim's ATTN_TILES stages and at its wide-launch
+    stages, and without groups (decoding) at the tile's stages. Whether the wide variant's
+    float operations are the narrow one's (`tree_attention.stages_agree`: the whole PTX, in
+    order) and whether the grouped variants' key loops are the ungrouped one's
+    (`split_loops_agree` across variants); the registers and shared memory of each."""
     cases = [(shape, dtype) for shape in ((9, 3, 64), (32, 8, 128))
              if shape[2] in attention.WIDE_STAGES for dtype in (torch.bfloat16, torch.float32)]
-
-    def launch() -> None:
+    names = attention._tree_attention_split_kernel.arg_names  # type: ignore[attr-defined]
+    group_arg = (names.index("QUERY_GROUP"),)
+    report: list[dict[str, object]] = []
+    global _launch_all
+    saved = _launch_all
+    try:
         for (num_heads, num_kv_heads, head_dim), dtype in cases:
             block, warps, stages = attention.ATTN_TILES[head_dim]
-            q = torch.randn(3, num_heads, head_dim).to(dtype)
-            cache = torch.zeros(2, 600, num_kv_heads, head_dim, dtype=dtype)
-            meta = torch.zeros(3, dtype=torch.int64)
-            # the committed stages, then the wide ones as a wide launch runs them (the
-            # runtime check compiles the committed twin again: three binaries a case)
-            for launch_stages in (stages, attention.WIDE_STAGES[head_dim]):
-                attention.tree_attention_tiled(
-                    q, cache, cache, meta, meta + 300, meta + 300,
-                    torch.zeros(3, 2, dtype=torch.int64), meta + 1, 0.1, 600, block,
-                    attention.SPLIT_SIZE, True, warps, launch_stages, twin_stages=stages)
+            wide = attention.WIDE_STAGES[head_dim]
 
-    global _launch_all
-    saved, _launch_all = _launch_all, launch
-    try:
-        compiled = [kernel for name, kernel in compile_everything()
-                    if name == "_tree_attention_split_kernel"]
+            def launch(num_heads: int = num_heads, num_kv_heads: int = num_kv_heads,
+                       head_dim: int = head_dim, dtype: torch.dtype = dtype,
+                       block: int = block, warps: int = warps, stages: int = stages,
+                       wide: int = wide) -> None:
+                q = torch.randn(3, num_heads, head_dim).to(dtype)
+                cache = torch.zeros(2, 600, num_kv_heads, head_dim, dtype=dtype)
+                meta = torch.zeros(3, dtype=torch.int64)
+                for launch_stages, group in ((stages, 1), (stages, None), (wide, None)):
+                    # as the engine launches them (the runtime checks compile the twins)
+                    attention.tree_attention_tiled(
+                        q, cache, cache, meta, meta + 300, meta + 300,
+                        torch.zeros(3, 2, dtype=torch.int64), meta + 1, 0.1, 600, block,
+                        attention.SPLIT_SIZE, True, warps, launch_stages, twin_stages=stages,
+                        query_group=group)
+
+            _launch_all = launch
+            kernels = [kernel for name, kernel in compile_everything()
+                       if name == "_tree_attention_split_kernel"]
+
+            def find(num_stages: int, grouped: bool, kernels: list = kernels) -> object:
+                return next(k for k in kernels if k.metadata.num_stages == num_stages
+                            and (k.src.constants[group_arg] > 1) == grouped)
+
+            ungrouped, committed, wide_kernel = (find(stages, False), find(stages, True),
+                                                 find(wide, True))
+            ptx = [k.asm["ptx"] for k in (ungrouped, committed, wide_kernel)]  # type: ignore[attr-defined]
+            report.append({
+                "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
+                "stages": [stages, wide],
+                "agree": attention.stages_agree(ptx[2], ptx[1]),
+                "groups_agree": attention.split_loops_agree(ptx[1], ptx[0], ptx[2]),
+                "usage": [sass_of(k)[0] for k in (committed, wide_kernel, ungrouped)],
+                "shared": [k.metadata.shared for k in (committed, wide_kernel)]})  # type: ignore[attr-defined]
     finally:
         _launch_all = saved
-    report: list[dict[str, object]] = []
-    for i, ((_, _, head_dim), dtype) in enumerate(cases):
-        committed, wide = compiled[3 * i], compiled[3 * i + 1]
-        report.append({
-            "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
-            "stages": [attention.ATTN_TILES[head_dim][2], attention.WIDE_STAGES[head_dim]],
-            "agree": attention.stages_agree(wide.asm["ptx"], committed.asm["ptx"]),  # type: ignore[attr-defined]
-            "usage": [sass_of(kernel)[0] for kernel in (committed, wide)],
-            "shared": [kernel.metadata.shared for kernel in (committed, wide)]})  # type: ignore[attr-defined]
     return report
 
 

@@ -277,11 +277,14 @@ def test_wide_launch_stages_compile_to_the_same_float_operations(
     """Compiled for sm_90 here (no GPU): the split kernel at a wide launch's stage count
     (WIDE_STAGES) runs the float operations of the head dim's ATTN_TILES stages, in the same
     order, in bf16 and float32, so a tree of many queries (a wide launch) keeps its ar
-    twins' bits. The kernel checks the same at its first wide launch on a GPU."""
+    twins' bits; and the key loops of the kernels with query groups (trees) do what those
+    of the kernel without them (decoding) do. The kernel checks both at its first launch
+    on a GPU."""
     report = sm90_reports["stages"]
     assert {(row["head_dim"], row["dtype"]) for row in report} == {
         (head_dim, dtype) for head_dim in WIDE_STAGES for dtype in ("bfloat16", "float32")}
     assert all(row["agree"] for row in report), report
+    assert all(row["groups_agree"] for row in report), report  # with and without groups
     for row in report:  # fewer stages: less shared memory a program, so more programs an SM
         assert row["shared"][1] < row["shared"][0], row
 
