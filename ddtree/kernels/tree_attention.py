@@ -33,6 +33,7 @@ import collections
 import functools
 import re
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -250,9 +251,6 @@ def split_loops_agree(ptx: str, *twins: str) -> bool:
     return all(count == counts[0] for count in counts[1:])
 
 
-_CHECKED_KERNELS: dict[int, bool] = {}
-
-
 def stages_agree(ptx: str, twin_ptx: str) -> bool:
     """Whether two compiled variants of the split kernel that differ in their stage count
     run the same float operations in the same order (the whole kernel's PTX): the stage
@@ -262,45 +260,31 @@ def stages_agree(ptx: str, twin_ptx: str) -> bool:
     return _float_ops(ptx.splitlines()) == _float_ops(twin_ptx.splitlines())
 
 
-_CHECKED_TWINS: dict[tuple[int, str], bool] = {}
+_CHECKED: dict[tuple[int, str], bool] = {}
 
 
-def _check_twin(kernel: object, compile_twin: Callable[[], object],
-                agree_with: Callable[[str, str], bool], what: str) -> None:
-    """Refuses a compiled variant whose float operations (`agree_with` on the two PTX
-    texts) are not those of its twin (compiled, not launched, by `compile_twin`): its
-    queries would not keep their bits. Checked once per compiled variant and twin kind."""
+def _ptx(kernel: object) -> str | None:
+    """A compiled kernel's PTX (None for the interpreter's kernels, which carry none)."""
     asm = getattr(kernel, "asm", None)
-    if not isinstance(asm, dict) or "ptx" not in asm:
+    return asm["ptx"] if isinstance(asm, dict) and "ptx" in asm else None
+
+
+def _refuse_unless(kernel: object, what: str, agree: Callable[[str], bool]) -> None:
+    """Refuses a compiled split kernel for which `agree` (on its PTX) is false: its queries
+    would not keep the bits their ar twins have. Checked once per compiled variant and
+    `what`; nothing to check on the interpreter."""
+    ptx = _ptx(kernel)
+    if ptx is None:
         return
     key = (id(kernel), what)
-    agree = _CHECKED_TWINS.get(key)
-    if agree is None:
-        twin_asm = getattr(compile_twin(), "asm", None)
-        agree = isinstance(twin_asm, dict) and agree_with(asm["ptx"], twin_asm["ptx"])
-        _CHECKED_TWINS[key] = agree
-    if not agree:
+    if key not in _CHECKED:
+        _CHECKED[key] = agree(ptx)
+    if not _CHECKED[key]:
         raise RuntimeError(
-            f"tree attention {what} compiled to other float operations than its twin: its "
-            "queries would change their bits (WIDE_STAGES / set_query_groups(False) avoid "
-            "the variant)")
-
-
-def _check_loops(kernel: object, block_n: int, num_warps: int, num_stages: int) -> None:
-    """Refuses a compiled split kernel whose loops differ (see split_loops_agree): its
-    tree queries would not equal their ar twins. Checked once per compiled variant; the
-    interpreter's kernels carry no PTX."""
-    asm = getattr(kernel, "asm", None)
-    if not isinstance(asm, dict) or "ptx" not in asm:
-        return
-    agree = _CHECKED_KERNELS.get(id(kernel))
-    if agree is None:
-        agree = _CHECKED_KERNELS[id(kernel)] = split_loops_agree(asm["ptx"])
-    if not agree:
-        raise RuntimeError(
-            f"tree attention with BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages: "
-            "the kernel's two key loops compiled to different float operations, so a tree "
-            "query would not equal its ar twin; use another tiling")
+            f"tree attention {what}: the compiled kernel's float operations differ where "
+            "they must not (split_loops_agree / stages_agree), so a tree query would not "
+            "equal its ar twin; use another tiling (or WIDE_STAGES / set_query_groups(False) "
+            "for the variant)")
 
 
 @triton.jit
@@ -607,16 +591,20 @@ def tree_attention_tiled(
         PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
         pool_len=k_cache.shape[1], num_warps=num_warps, **launch_kwargs(pdl))
     kernel = _tree_attention_split_kernel[grid](*args, num_stages=num_stages, **options)
-    _check_loops(kernel, block_n, num_warps, num_stages)
+
+    def twin_ptx(**changes: Any) -> str:  # another variant's PTX, compiled, not launched
+        return _ptx(_tree_attention_split_kernel.warmup(
+            *args, grid=grid, **{"num_stages": num_stages, **options, **changes})) or ""
+
+    what = f"with BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages"
+    _refuse_unless(kernel, what, split_loops_agree)  # its own key loops
     if twin_stages is not None and twin_stages != num_stages:  # a wide launch's stages
-        _check_twin(kernel, lambda: _tree_attention_split_kernel.warmup(
-            *args, grid=grid, num_stages=twin_stages, **options), stages_agree,
-            f"with {num_stages} stages (twin: {twin_stages})")
+        _refuse_unless(kernel, f"{what} (twin: {twin_stages})",
+                       lambda ptx: stages_agree(ptx, twin_ptx(num_stages=twin_stages)))
     if query_group > 1:  # its key loops against those of the kernel without groups
-        ungrouped = dict(options, QUERY_GROUP=1, MEMBERS_PAD=1)
-        _check_twin(kernel, lambda: _tree_attention_split_kernel.warmup(
-            *args, grid=grid, num_stages=twin_stages or num_stages, **ungrouped),
-            split_loops_agree, f"in groups of {query_group} queries")
+        _refuse_unless(kernel, f"{what} in groups of {query_group}", lambda ptx: (
+            split_loops_agree(ptx, twin_ptx(num_stages=twin_stages or num_stages,
+                                            QUERY_GROUP=1, MEMBERS_PAD=1))))
     if num_splits > 1:
         _tree_attention_combine_kernel[(num_queries, num_heads)](
             out, ws_acc, ws_stat, prefix_len, num_tree_keys,

@@ -223,6 +223,12 @@ LOOP_CASES = [((9, 3, 64), attention.ATTN_TILES[64]), ((32, 8, 128), attention.A
               ((32, 8, 128), (64, 4, 2)), ((9, 3, 64), (64, 4, 3)), ((32, 8, 128), (64, 8, 3))]
 
 
+def _grouped(kernel: object) -> bool:
+    """Whether a compiled tree-attention split kernel has query groups (QUERY_GROUP > 1)."""
+    names = attention._tree_attention_split_kernel.arg_names  # type: ignore[attr-defined]
+    return kernel.src.constants[(names.index("QUERY_GROUP"),)] > 1  # type: ignore[attr-defined]
+
+
 def attention_loops_report() -> list[dict[str, object]]:
     """Per case: whether the split kernel's key loops compile to the same float
     operations (`tree_attention.split_loops_agree` on the PTX: multisets)."""
@@ -243,12 +249,9 @@ def attention_loops_report() -> list[dict[str, object]]:
 
     global _launch_all
     saved, _launch_all = _launch_all, launch
-    names = attention._tree_attention_split_kernel.arg_names  # type: ignore[attr-defined]
-    group_arg = (names.index("QUERY_GROUP"),)
     try:  # the launches' own kernels (with query groups), not the twins the checks compile
         compiled = [kernel for name, kernel in compile_everything()
-                    if name == "_tree_attention_split_kernel"
-                    and kernel.src.constants[group_arg] > 1]  # type: ignore[attr-defined]
+                    if name == "_tree_attention_split_kernel" and _grouped(kernel)]
     finally:
         _launch_all = saved
     for ((_, _, head_dim), tiles), kernel in zip(LOOP_CASES, compiled, strict=True):
@@ -266,8 +269,6 @@ def attention_stages_report() -> list[dict[str, object]]:
     (`split_loops_agree` across variants); the registers and shared memory of each."""
     cases = [(shape, dtype) for shape in ((9, 3, 64), (32, 8, 128))
              if shape[2] in attention.WIDE_STAGES for dtype in (torch.bfloat16, torch.float32)]
-    names = attention._tree_attention_split_kernel.arg_names  # type: ignore[attr-defined]
-    group_arg = (names.index("QUERY_GROUP"),)
     report: list[dict[str, object]] = []
     global _launch_all
     saved = _launch_all
@@ -297,7 +298,7 @@ def attention_stages_report() -> list[dict[str, object]]:
 
             def find(num_stages: int, grouped: bool, kernels: list = kernels) -> object:
                 return next(k for k in kernels if k.metadata.num_stages == num_stages
-                            and (k.src.constants[group_arg] > 1) == grouped)
+                            and _grouped(k) == grouped)
 
             ungrouped, committed, wide_kernel = (find(stages, False), find(stages, True),
                                                  find(wide, True))
