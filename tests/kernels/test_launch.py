@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from ddtree.kernels import launch
@@ -40,20 +41,27 @@ def test_set_pdl_switches_and_returns_the_old_setting() -> None:
         launch.set_pdl(before)
 
 
-def _report(pdl: bool) -> list[dict[str, object]]:
+@pytest.fixture(scope="module")
+def reports() -> dict[bool, list[dict[str, object]]]:
+    """Both compiles (with and without PDL), in two processes at once."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.compile_sm90", "--pdl",
-                           "on" if pdl else "off"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    report: list[dict[str, object]] = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {row["kernel"] for row in report} >= KERNELS, report
-    return report
+    running = {pdl: subprocess.Popen(
+        [sys.executable, "-m", "tests.kernels.compile_sm90", "--pdl", "on" if pdl else "off"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for pdl in (True, False)}
+    out = {}
+    for pdl, process in running.items():
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-4000:]
+        report: list[dict[str, object]] = json.loads(stdout.strip().splitlines()[-1])
+        assert {row["kernel"] for row in report} >= KERNELS, report
+        out[pdl] = report
+    return out
 
 
-def test_every_kernel_waits_for_the_previous_one_before_any_memory_access() -> None:
-    for row in _report(pdl=True):
+def test_every_kernel_waits_for_the_previous_one_before_any_memory_access(reports) -> None:
+    for row in reports[True]:
         assert row["launch_pdl"], row
         assert row["waits"] == 1 and row["launch_dependents"] == 1, row
         assert row["wait_before_launch"] and row["writes_before_wait"] == 0, row
@@ -68,8 +76,8 @@ def test_every_kernel_waits_for_the_previous_one_before_any_memory_access() -> N
         assert row["prefetch_before_wait"] == (row["kernel"] in PREFETCHING), row
 
 
-def test_without_pdl_the_kernels_carry_no_grid_dependency_control() -> None:
-    for row in _report(pdl=False):
+def test_without_pdl_the_kernels_carry_no_grid_dependency_control(reports) -> None:
+    for row in reports[False]:
         assert not row["launch_pdl"], row
         assert row["waits"] == 0 and row["launch_dependents"] == 0, row
         assert not row["prefetch_before_wait"], row
