@@ -4,6 +4,7 @@ cProfile; N concurrent streaming completions (token events, temperature 0); then
 gateway's time in the functions that handle each event, per event or per verifier message.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/profile_gateway.py --streams 8
+    ... --no-cprofile     # the gateway's CPU per token and per event alone
 
 The tiny target answers fast enough on the CPU that the gateway, not the model, bounds the
 event rate: what it measures is the Python work a busy gateway does per event (compare
@@ -83,6 +84,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--keep-profile", type=Path, default=None,
                         help="copy the gateway's cProfile output here (pstats)")
+    parser.add_argument("--cprofile", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the gateway under cProfile (off: its CPU per token alone)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -96,11 +99,11 @@ def main(argv: list[str]) -> int:
              "--dtype", "float32", "--mode", "ar", "--port", str(verifier_port),
              "--max-model-len", str(args.max_tokens + 64)], env=env, stdout=log, stderr=log)
         profile = root / "gateway.prof"
+        profiler = ["-m", "cProfile", "-o", str(profile)] if args.cprofile else []
         gateway = subprocess.Popen(
-            [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "gateway",
+            [sys.executable, *profiler, "-m", "gateway",
              "--verifier-addr", f"127.0.0.1:{verifier_port}", "--target", target,
-             "--port", str(gateway_port), "--model-name", "tiny"], env=env, stdout=log,
-            stderr=log)
+             "--port", str(gateway_port), "--model-name", "tiny"], env=env, stdout=log, stderr=log)
         base_url = f"http://127.0.0.1:{gateway_port}"
         try:
             wait_healthy(f"{base_url}/health", gateway)
@@ -118,13 +121,16 @@ def main(argv: list[str]) -> int:
             verifier.terminate()
             verifier.wait(timeout=30)
             log.close()
+        tokens = args.requests * args.max_tokens
+        print(f"{events} events ({tokens} tokens) in {seconds:.2f} s ({events / seconds:.0f} "
+              f"events/s), {args.streams} streams, ar, tiny pair on the CPU; the gateway's CPU"
+              f"{' (under cProfile)' if args.cprofile else ''}: {1e6 * cpu / tokens:.0f} us "
+              f"per token, {1e6 * cpu / max(events, 1):.0f} us per event")
+        if not args.cprofile:
+            return 0
         if args.keep_profile is not None:
             args.keep_profile.write_bytes(profile.read_bytes())
         stats = pstats.Stats(str(profile))
-        tokens = args.requests * args.max_tokens
-        print(f"{events} events ({tokens} tokens) in {seconds:.2f} s ({events / seconds:.0f} "
-              f"events/s), {args.streams} streams, ar, tiny pair on the CPU; the gateway's "
-              f"CPU (under cProfile): {1e6 * cpu / tokens:.0f} us per token")
         print(f"{'gateway function':<34} {'calls':>7} {'us per call':>12}  per")
         table = stats.stats  # type: ignore[attr-defined]
         for label, where, name, unit in FUNCTIONS:

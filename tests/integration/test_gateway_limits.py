@@ -19,13 +19,14 @@ import pytest
 from tests.integration.conftest import Verifier, gateway_config, running_gateway
 
 LIMIT = 64 * 1024
-TIMEOUT_S = 1.0
+TIMEOUT_S = 1.0  # the request head's
+BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
 def limited(tiny_pair: Path, verifier: Verifier) -> Iterator[str]:
     config = gateway_config(tiny_pair, verifier.port, max_request_bytes=LIMIT,
-                            header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S)
+                            header_timeout_s=TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S)
     with running_gateway(config) as url:
         yield url
 
@@ -59,6 +60,37 @@ def test_a_request_head_that_trickles_is_cut_off(limited: str) -> None:
         started = time.monotonic()
         assert sock.recv(1024) == b""  # the server closed the connection
         assert time.monotonic() - started < TIMEOUT_S + 5
+
+
+def test_the_next_request_head_on_a_kept_alive_connection_is_timed_too(limited: str) -> None:
+    with socket.create_connection(address(limited), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            reply += sock.recv(4096)  # the health answer (a small JSON body)
+        assert reply.startswith(b"HTTP/1.1 200")
+        time.sleep(TIMEOUT_S / 2)  # an answered request: the timer started again
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # never finished
+        started = time.monotonic()
+        while sock.recv(1024):
+            pass  # anything left of the first answer, then the close
+        assert time.monotonic() - started < TIMEOUT_S + 5
+
+
+def test_the_head_timer_stops_at_the_end_of_the_head(limited: str) -> None:
+    """A body that comes after the head's timeout (within the body's) is answered: the
+    head timer stopped when the head was in."""
+    body = b'{"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2}'
+    with socket.create_connection(address(limited), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body))
+        time.sleep(TIMEOUT_S * 1.3)
+        sock.sendall(body)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200") and b'"choices"' in reply, reply[:300]
 
 
 def test_a_body_that_never_arrives_is_408(limited: str) -> None:
