@@ -28,7 +28,7 @@ from torch import Tensor
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.prefill_graphs import token_buckets
 from ddtree.models.drafter import DFlashDrafter
-from ddtree.models.meta import AttentionMeta, device_ints
+from ddtree.models.meta import AttentionMeta, context_meta, device_ints
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
@@ -120,6 +120,11 @@ class LocalDrafter:
         """L: draft tokens per block."""
         return self.block_size - 1
 
+    @property
+    def scratch(self) -> int:
+        """The pool's scratch row (the last)."""
+        return self.pool.num_slots - 1
+
     @torch.inference_mode()
     def start(self, slot: int, request_id: str, features: Tensor, offset: int = 0) -> None:
         """features: (P, k*H) of the P prompt rows: the row's first context at positions
@@ -144,10 +149,21 @@ class LocalDrafter:
 
         rows, committed, num_pending, bonus: (B,) int64; pending: (B, b, k*H) features of
         the rows at positions committed - num_pending .. committed - 1 (rows past
-        num_pending are ignored: the block overwrites them). -> (B, L, V) float32."""
+        num_pending are ignored). -> (B, L, V) float32.
+
+        On the batch-invariant kernels (`Backend.context_in_block`) each layer projects
+        the context rows in the block's QKV GEMM (`draft`'s `context`: the same bits,
+        each row's own; one read of the weight a layer where there were two), the ignored
+        rows stored in the scratch row; elsewhere the context is appended first and the
+        block overwrites them."""
         fused = self.drafter.fuse_infer(pending, self.backend)  # (B, b, H)
-        self.drafter.append_context(self.pool, rows, committed - num_pending, fused,
-                                    self.backend)
+        start = committed - num_pending
+        backend = self.backend
+        if backend.kernels and backend.invariant and backend.context_in_block:
+            meta = context_meta(rows, start, fused.shape[1], num_pending, self.scratch)
+            return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
+                                      self.backend, (fused.flatten(0, 1), meta))
+        self.drafter.append_context(self.pool, rows, start, fused, self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
                                   self.backend)
 

@@ -38,7 +38,7 @@ from ddtree.models.checkpoint import (
 from ddtree.models.drafter_config import DrafterConfig
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.layers import RMSNorm, Rotary, SwiGLU, apply_rope, attend
-from ddtree.models.meta import AttentionMeta, block_meta, context_meta
+from ddtree.models.meta import AttentionMeta, block_meta, context_meta, stored_rows
 from ddtree.models.ops import REFERENCE, Backend
 from ddtree.models.target import TargetEmbeddings, fuse_rows
 from ddtree.models.target_config import TargetConfig
@@ -84,16 +84,19 @@ class DraftAttention(nn.Module):
 
     def forward_pool(self, backend: Backend, qkv: Tensor | SplitPartials | PendingLinear,
                      meta: AttentionMeta, inv_freq: Tensor, k_cache: Tensor,
-                     v_cache: Tensor) -> Tensor:
+                     v_cache: Tensor, stored: AttentionMeta | None = None,
+                     num_context: int = 0) -> Tensor:
         """Inference: qkv (T, (Hq+2Hkv)*D), the fused projection of the normed block rows
         (`ops.norm_linear` with `qkv_weight`) -> the attention's output (T, Hq*D), o_proj's
         input (`ops.join_residual`); the block's K/V are written past each row's context
-        (scratch) and attended together with the context."""
-        q = ops.rope_store(backend, qkv, meta, inv_freq, k_cache, v_cache, self.num_heads,
-                           self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
-                           self.q_norm.eps)  # (T, Hq, D)
+        (scratch) and attended together with the context. With `num_context` qkv's first
+        rows are new context rows (`draft`'s `context`) and `stored` says where all of
+        qkv's rows go; their K/V are stored before the block attends."""
+        q = ops.rope_store(backend, qkv, stored or meta, inv_freq, k_cache, v_cache,
+                           self.num_heads, self.num_kv_heads, self.q_norm.weight,
+                           self.k_norm.weight, self.q_norm.eps)[num_context:]  # (T, Hq, D)
         out = ops.attention(backend, q, k_cache, v_cache, meta, self.head_dim ** -0.5)
-        return out.reshape(qkv.shape[0], -1)
+        return out.reshape(q.shape[0], -1)
 
     def forward(self, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
                 visible: Tensor) -> Tensor:
@@ -199,13 +202,20 @@ class DFlashDrafter(nn.Module):
                            attn.k_norm.weight, attn.q_norm.eps)
 
     def draft(self, pool: KVPool, slots: Tensor, context_len: Tensor, bonus: Tensor,
-              embeddings: TargetEmbeddings, backend: Backend = REFERENCE) -> Tensor:
+              embeddings: TargetEmbeddings, backend: Backend = REFERENCE,
+              context: tuple[Tensor, AttentionMeta] | None = None) -> Tensor:
         """One block per row, no host sync. slots: (B,) pool rows; context_len: (B,) their
         committed context (the block starts at that position); bonus: (B,) -> (B, L, V)
-        float32 logits of block positions 1..b-1."""
+        float32 logits of block positions 1..b-1. `context`: new context rows (C, H)
+        (`fuse_infer`'s) and where they go (`context_meta`, none of them at the block's
+        positions), stored here as `append_context` would, each layer's K/V projected in
+        the block's QKV GEMM (one read of its weight a layer instead of two)."""
         block_size = self.config.block_size
         batch = slots.shape[0]
         meta = block_meta(slots, context_len, block_size, pool.max_len)
+        stored = stored_rows(context[1], meta) if context is not None else None
+        prefix = context[0] if context is not None else None
+        num_context = prefix.shape[0] if prefix is not None else 0
         x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
         x = x.reshape(batch * block_size, -1)  # (T, H)
         stream = ops.Stream(x)
@@ -218,8 +228,10 @@ class DFlashDrafter(nn.Module):
                 "call DFlashDrafter.fuse_weights() first"
             norm = layer.input_layernorm
             qkv, residual = ops.norm_linear(backend, stream, norm.weight, norm.eps,
-                                            attn.qkv_weight, attn.qkv_bias, defer=True)
-            out = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i])
+                                            attn.qkv_weight, attn.qkv_bias, defer=True,
+                                            prefix=prefix)
+            out = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i],
+                                    stored, num_context)
             norm = layer.post_attention_layernorm
             stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,
                                        residual, (norm.weight, norm.eps))

@@ -131,16 +131,35 @@ def block_meta(slots: Tensor, context_len: Tensor, block_size: int,
     )
 
 
-def context_meta(slots: Tensor, start: Tensor, num_new: int) -> AttentionMeta:
+def context_meta(slots: Tensor, start: Tensor, num_new: int, keep: Tensor | None = None,
+                 scratch: int | None = None) -> AttentionMeta:
     """Where the drafter's new context rows go: row b's j-th at position and slot
-    start[b] + j of pool row slots[b]. (They are stored, not attended: the attention
-    fields are empty.)"""
+    start[b] + j of pool row slots[b]; with `keep` (B,), rows j >= keep[b] go to pool row
+    `scratch` instead (at the same positions: never read). (They are stored, not
+    attended: the attention fields are empty.)"""
     batch = slots.shape[0]
-    positions = _flat(start[:, None] + torch.arange(num_new, device=slots.device))
-    rows = _flat(slots[:, None].expand(batch, num_new))
+    index = torch.arange(num_new, device=slots.device)
+    positions = _flat(start[:, None] + index)
+    rows = slots[:, None].expand(batch, num_new)
+    if keep is not None:
+        assert scratch is not None, "rows past `keep` go to the scratch row"
+        rows = torch.where(index[None, :] < keep[:, None], rows, scratch)
     zeros = torch.zeros_like(positions)
     return AttentionMeta(
-        positions=positions, write_slot=rows, write_pos=positions, query_slot=rows,
+        positions=positions, write_slot=_flat(rows), write_pos=positions,
+        query_slot=_flat(rows), prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None],
+        num_tree_keys=zeros, max_kv_len=0,
+    )
+
+
+def stored_rows(first: AttentionMeta, second: AttentionMeta) -> AttentionMeta:
+    """Where the rows of two metas go, the first's then the second's, for one store of
+    both (`positions`, `write_slot`, `write_pos`; the attention fields are empty)."""
+    positions = torch.cat([first.positions, second.positions])
+    zeros = torch.zeros_like(positions)
+    return AttentionMeta(
+        positions=positions, write_slot=torch.cat([first.write_slot, second.write_slot]),
+        write_pos=torch.cat([first.write_pos, second.write_pos]), query_slot=zeros,
         prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None], num_tree_keys=zeros,
         max_kv_len=0,
     )

@@ -52,6 +52,10 @@ class Backend:
     round_commit: the verify half's tree metadata, argmax, greedy walk, commit and KV
     compaction in Triton kernels (ddtree/kernels/round_commit.py) when every row of a
     round walks greedily; only with kernels; the same tables, state and pool as without;
+    context_in_block: a drafter's new context rows projected in its block's QKV GEMM
+    (`DFlashDrafter.draft`'s `context`: one read of each layer's QKV weight a round where
+    appending the context first took two); only with kernels and invariant; the same bits
+    as without;
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
     invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
@@ -65,6 +69,7 @@ class Backend:
     tree_build: bool = True
     vocab_topk: bool = True
     round_commit: bool = True
+    context_in_block: bool = True
     attn_tiles: tuple[int, int, int] | None = None  # tree attention's (BLOCK_N, warps,
     #   stages); None: the kernel's per-head-dim constants (experiments only: lease 15)
 
@@ -136,17 +141,21 @@ def normalize(backend: Backend, stream: Stream, norm_weight: Tensor,
 
 def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
                 weight: Tensor, bias: Tensor | None = None, defer: bool = False,
+                prefix: Tensor | None = None,
                 ) -> tuple[Tensor | matmul.SplitPartials | matmul.PendingLinear, Tensor]:
     """norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N), h), h the summed
     residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused. With `defer`
     the QKV GEMM is left to `rope_store` to finish: a tiling that splits K leaves its
     partial sums (`Backend.reduce_fusions`, matmul.SplitPartials), one that does not is
     not run yet (`Backend.rope_epilogue`, matmul.PendingLinear: `rope_store` runs it with
-    RoPE as its epilogue)."""
-    if backend.fuses_prologues and stream.normed is None:
+    RoPE as its epilogue). `prefix` (P, H): rows that need no norm, projected in the same
+    GEMM before the normed rows (-> (P + T, N); one read of the weight for both)."""
+    if backend.fuses_prologues and stream.normed is None and prefix is None:
         return fused_linear.norm_linear(stream.x, stream.residual, norm_weight, eps, weight,
                                         bias)
     normed, h = normalize(backend, stream, norm_weight, eps)
+    if prefix is not None:
+        normed = torch.cat([prefix, normed])
     if defer and backend.kernels and backend.invariant:
         if backend.reduce_fusions:
             partials = matmul.linear_partials(normed, weight, bias)

@@ -261,7 +261,9 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # off); "no rope epilogue" runs RoPE and the KV store after the QKV GEMM
     # (EngineConfig.rope_epilogue off); "no round commit" the verify half's bookkeeping
     # in PyTorch (EngineConfig.round_commit off); "no query groups" tree attention one
-    # query a program (tree_attention.set_query_groups); "PyTorch tree"
+    # query a program (tree_attention.set_query_groups); "separate context" the
+    # drafter's new context rows appended before the block, not in its QKV GEMMs
+    # (Backend.context_in_block off); "PyTorch tree"
     # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
     # rows with cuBLAS ar (not batch invariant).
@@ -277,6 +279,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 (" (no round commit)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no query groups)", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
+                (" (separate context)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
@@ -306,7 +310,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
             engine.drafting.backend = dataclasses.replace(
                 engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",
-                vocab_topk=kind not in ("PyTorch tree", "torch top-K"))
+                vocab_topk=kind not in ("PyTorch tree", "torch top-K"),
+                context_in_block=kind != "separate context")
         reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
@@ -500,7 +505,9 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                                                         fused_prologues=args.fused,
                                                         reduce_fusions=args.reduce_fusions))
     if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
-        engine.drafting.backend = dataclasses.replace(engine.drafting.backend, fused=args.fused)
+        engine.drafting.backend = dataclasses.replace(
+            engine.drafting.backend, fused=args.fused, context_in_block=args.context_in_block)
+    rows["context_in_block"] = args.context_in_block
     prompt = PROMPT_8B
     ar_tokens = None
     for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
@@ -616,6 +623,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wide-stages", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: tree attention's wide launches (more query-KV-head "
                         "pairs than SMs) at the head dim's WIDE_STAGES (A/B; no bit moves)")
+    parser.add_argument("--context-in-block", action=argparse.BooleanOptionalAction,
+                        default=True, help="shapes8b: the drafter's new context rows in its "
+                        "block's QKV GEMMs (Backend.context_in_block; A/B; no bit moves)")
     parser.add_argument("--query-groups", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: tree attention's query groups (a shared prefix split "
                         "once per group of nodes; A/B; no bit moves)")

@@ -377,7 +377,7 @@ speed_table() {  # variants [extra engine_bench args...]: the batch-1 table of a
   local variants=$1; shift
   timeout 260 python3 scripts/gpu/engine_bench.py --stages speed \
     --speed-modes ar,linear,tree@16,tree@32,shadow@16 --speed-variants "$variants" "$@" \
-    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -14
+    --target $T --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -24
 }
 
 exact_modes() {  # every mode against ar at c1 and c8 (engine_bench.py --stages exact)
@@ -722,8 +722,8 @@ PY
     --seconds-per-shape 15 2>&1 | grep -v Warn | tail -4
   cp ddtree/kernels/linear_tuned.json "$OUT/"
   cp ddtree/kernels/linear_tuned.json /tmp/linear_tuned.json
-  mark "engine_bench speed plain, no round commit, no query groups"
-  speed_table "plain,no round commit,no query groups"
+  mark "engine_bench speed plain, no round commit, no query groups, separate context"
+  speed_table "plain,no round commit,no query groups,separate context"
   pack_all $1
   mark done
   ;;
@@ -757,7 +757,8 @@ PY
   # grouped) a little faster; every run's tokens equal ar's), call 124's fc tilings
   [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
   i=0
-  for flags in "" "--no-wide-stages --no-query-groups" "--no-wide-stages" ""; do
+  for flags in "" "--no-wide-stages --no-query-groups" "--no-wide-stages" \
+      "--no-context-in-block" ""; do
     i=$((i + 1)); mark "shapes8b $flags"
     timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b $flags --target $T \
       --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"

@@ -11,6 +11,7 @@ from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.config import plan_pool
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
+from ddtree.models.meta import context_meta
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
@@ -180,3 +181,37 @@ def test_the_rope_epilogue_serves_the_tokens_served_without_it(
     launched["epilogue"] = 0
     assert tree == serve(llama, True, SpecParams("ar"), SamplingParams(), rope_epilogue=False)
     assert launched["epilogue"] == 0
+
+
+def test_context_rows_in_the_blocks_qkv_gemm_store_and_draft_the_separate_bits(pair) -> None:
+    """On the kernels a round's new context rows are projected in each layer's block QKV
+    GEMM (`LocalDrafter.draft_logits`): the block's logits and every real row's K/V are
+    those of appending the context first, bit for bit (the ignored rows past a row's
+    pending count go to the scratch row instead of under the block)."""
+    target, drafter = pair
+    local = LocalDrafter(drafter, target.embeddings, 3, 40, backend=Backend(kernels=True))
+    block = drafter.config.block_size
+    gen = torch.Generator().manual_seed(7)
+    width = drafter.config.num_feature_layers * drafter.config.hidden_size
+    for slot in range(3):
+        local.start(slot, "", torch.randn(9, width, generator=gen))
+    rows = torch.tensor([2, 0, local.scratch])  # the last: a padding row
+    committed = torch.tensor([11, 9, 0])
+    num_pending = torch.tensor([3, 1, 0])
+    pending = torch.randn(3, block, width, generator=gen)
+    bonus = torch.tensor([7, 8, 0])
+    before = (local.pool.k.clone(), local.pool.v.clone())
+    merged = local.draft_logits(rows, committed, pending, num_pending, bonus)
+    pools = (local.pool.k.clone(), local.pool.v.clone())
+    local.pool.k.copy_(before[0])
+    local.pool.v.copy_(before[1])
+    fused = drafter.fuse_infer(pending, local.backend)
+    drafter.append_context(local.pool, rows, committed - num_pending, fused, local.backend)
+    separate = drafter.draft(local.pool, rows, committed, bonus, local.embeddings,
+                             local.backend)
+    assert torch.equal(merged[:2], separate[:2])
+    meta = context_meta(rows, committed - num_pending, block, num_pending, local.scratch)
+    kept = meta.write_slot.view(3, block) != local.scratch
+    assert kept.sum(1).tolist() == [3, 1, 0]  # past its pending count a row writes scratch
+    for mine, theirs in zip(pools, (local.pool.k, local.pool.v), strict=True):
+        assert torch.equal(mine[:, :3], theirs[:, :3])  # every real row, every position
