@@ -12,7 +12,9 @@ while the other process's kernels run, so it only makes sense where two processe
 run at once (an MPS server); without one it waits out time slices (it gives up after
 SPIN_LIMIT polls, and the row says so). Mode `memop` waits and writes the same flags with
 the driver's stream memory operations (cuStreamWaitValue32 / cuStreamWriteValue32: the
-GPU's front end polls, no SM is held). A reads iteration i-1's end while iteration i runs
+GPU's front end polls, no SM is held); `hostmemop` the same on flags in pinned shared host
+memory (registered in both processes: memory no process owns, which a host can write to
+release a wait whose writer died). A reads iteration i-1's end while iteration i runs
 (pipelined by one, as the engine is). Printed: microseconds per iteration against the same
 two kernels on one stream in one process, for several kernel lengths (torch.cuda._sleep).
 Run on the GPU host (under an MPS server: CUDA_MPS_PIPE_DIRECTORY set, the daemon up):
@@ -36,8 +38,9 @@ import triton.language as tl
 # (A's, B's) kernel lengths in cycles: ~0, ~50 us each, ~200 us each, ~600 / ~200 us at
 # the H200's clock (a c1 round's verify and draft halves are of the last order)
 SLEEP_CYCLES = ((0, 0), (100_000, 100_000), (400_000, 400_000), (1_200_000, 400_000))
-MODES = ("gpu/gpu", "gpu/host", "host/gpu", "host/host", "spin", "memop")  # A's / B's wait
-FLAG_MODES = ("spin", "memop")
+MODES = ("gpu/gpu", "gpu/host", "host/gpu", "host/host", "spin", "memop",
+         "hostmemop")  # A's wait / B's wait, or both sides' flag waits
+FLAG_MODES = ("spin", "memop", "hostmemop")
 SPIN_LIMIT = 1 << 22  # polls before a spinning kernel gives up (a few seconds)
 
 
@@ -75,36 +78,58 @@ def _driver() -> ctypes.CDLL:
     return _DRIVER[0]
 
 
-def memop_wait(flag: torch.Tensor, value: int) -> None:
-    """This stream waits until the flag >= value (CU_STREAM_WAIT_VALUE_GEQ)."""
+def memop_wait(address: int, value: int) -> None:
+    """This stream waits until the int32 at `address` >= value (CU_STREAM_WAIT_VALUE_GEQ)."""
     stream = torch.cuda.current_stream().cuda_stream
-    err = _driver().cuStreamWaitValue32_v2(ctypes.c_void_p(stream),
-                                           ctypes.c_uint64(flag.data_ptr()),
+    err = _driver().cuStreamWaitValue32_v2(ctypes.c_void_p(stream), ctypes.c_uint64(address),
                                            ctypes.c_uint32(value), ctypes.c_uint(0))
     assert err == 0, f"cuStreamWaitValue32: CUresult {err}"
 
 
-def memop_write(flag: torch.Tensor, value: int) -> None:
-    """The flag := value once this stream's earlier work is done."""
+def memop_write(address: int, value: int) -> None:
+    """The int32 at `address` := value once this stream's earlier work is done."""
     stream = torch.cuda.current_stream().cuda_stream
-    err = _driver().cuStreamWriteValue32_v2(ctypes.c_void_p(stream),
-                                            ctypes.c_uint64(flag.data_ptr()),
+    err = _driver().cuStreamWriteValue32_v2(ctypes.c_void_p(stream), ctypes.c_uint64(address),
                                             ctypes.c_uint32(value), ctypes.c_uint(0))
     assert err == 0, f"cuStreamWriteValue32: CUresult {err}"
 
 
-def wait_flag(mode: str, flag: torch.Tensor, value: int, gave_up: torch.Tensor) -> None:
-    if mode == "spin":
-        spin_until(flag, value, gave_up)
-    else:
-        memop_wait(flag, value)
+def mapped_address(host: torch.Tensor) -> int:
+    """The device address of a shared host tensor, registered (mapped) in this process."""
+    nbytes = host.numel() * host.element_size()
+    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 2)  # Mapped
+    assert int(err) == 0, f"cudaHostRegister: {err}"
+    address = ctypes.c_uint64()
+    err = _driver().cuMemHostGetDevicePointer_v2(ctypes.byref(address),
+                                                 ctypes.c_void_p(host.data_ptr()), 0)
+    assert err == 0, f"cuMemHostGetDevicePointer: CUresult {err}"
+    return address.value
 
 
-def set_flag(mode: str, flag: torch.Tensor, value: int) -> None:
-    if mode == "spin":
-        signal(flag, value)
-    else:
-        memop_write(flag, value)
+class Flags:
+    """The two flags [ready, done] of one process: device memory shared over CUDA IPC
+    (`device`) and pinned shared host memory (`host`, at `host_address` on the device)."""
+
+    def __init__(self, device: torch.Tensor, host: torch.Tensor,
+                 gave_up: torch.Tensor) -> None:
+        self.device, self.host, self.gave_up = device, host, gave_up
+        self.host_address = mapped_address(host)
+
+    def wait(self, mode: str, which: int, value: int) -> None:
+        if mode == "spin":
+            spin_until(self.device[which:which + 1], value, self.gave_up)
+        elif mode == "memop":
+            memop_wait(self.device[which:which + 1].data_ptr(), value)
+        else:
+            memop_wait(self.host_address + 4 * which, value)
+
+    def set(self, mode: str, which: int, value: int) -> None:
+        if mode == "spin":
+            signal(self.device[which:which + 1], value)
+        elif mode == "memop":
+            memop_write(self.device[which:which + 1].data_ptr(), value)
+        else:
+            memop_write(self.host_address + 4 * which, value)
 
 
 def _work(cycles: int, scratch: torch.Tensor) -> None:
@@ -115,7 +140,8 @@ def _work(cycles: int, scratch: torch.Tensor) -> None:
 
 
 def peer(conn: Connection) -> None:
-    ready_handle, done_handle, flags, gave_up = conn.recv()  # flags: (2,) int32 [ready, done]
+    ready_handle, done_handle, device_flags, host_flags, gave_up = conn.recv()
+    flags = Flags(device_flags, host_flags, gave_up)
     device = torch.device("cuda", 0)
     ready = torch.cuda.Event.from_ipc_handle(device, ready_handle)
     done = torch.cuda.Event.from_ipc_handle(device, done_handle)
@@ -127,14 +153,14 @@ def peer(conn: Connection) -> None:
             return
         cycles, wait, iteration = message
         if wait in FLAG_MODES:
-            wait_flag(wait, flags[0:1], iteration, gave_up)
+            flags.wait(wait, 0, iteration)
         elif wait == "host":
             ready.synchronize()
         else:
             stream.wait_event(ready)
         _work(cycles, scratch)
         if wait in FLAG_MODES:
-            set_flag(wait, flags[1:2], iteration)
+            flags.set(wait, 1, iteration)
         else:
             done.record(stream)
         conn.send(True)
@@ -169,9 +195,12 @@ def main() -> None:
     process.start()
     ready = torch.cuda.Event(interprocess=True)
     done = torch.cuda.Event(interprocess=True)
-    link = Link(mine, ready, done, torch.zeros(2, dtype=torch.int32, device="cuda"),
-                torch.zeros(1, dtype=torch.int32, device="cuda"))
-    mine.send((ready.ipc_handle(), done.ipc_handle(), link.flags, link.gave_up))
+    host_flags = torch.zeros(2, dtype=torch.int32).share_memory_()
+    link = Link(mine, ready, done, Flags(torch.zeros(2, dtype=torch.int32, device="cuda"),
+                                         host_flags,
+                                         torch.zeros(1, dtype=torch.int32, device="cuda")))
+    mine.send((ready.ipc_handle(), done.ipc_handle(), link.flags.device, host_flags,
+               link.flags.gave_up))
     print("cycles A/B       mode       one process us/iter  two processes us/iter  hop pair us"
           "  spins given up")
     for cycles in SLEEP_CYCLES:
@@ -179,24 +208,23 @@ def main() -> None:
         single = one_process(cycles, args.iters)
         for mode in args.modes.split(","):
             waits = (mode, mode) if mode in FLAG_MODES else tuple(mode.split("/"))
-            link.gave_up.zero_()
+            link.flags.gave_up.zero_()
             _pair(link, cycles, 50, waits)
             pair = _pair(link, cycles, args.iters, waits)
             label = f"{cycles[0]}/{cycles[1]}"
             print(f"{label:>17}  {mode:>9}  {single:>19.1f}  {pair:>21.1f}  {pair - single:>11.1f}"
-                  f"  {int(link.gave_up.item()):>14}", flush=True)
+                  f"  {int(link.flags.gave_up.item()):>14}", flush=True)
     mine.send(None)
     process.join()
 
 
 class Link:
-    """A's ends of the hop: the pipe, both events, the spin flags and the give-up count."""
+    """A's ends of the hop: the pipe, both events and the flags."""
 
     def __init__(self, conn: Connection, ready: torch.cuda.Event, done: torch.cuda.Event,
-                 flags: torch.Tensor, gave_up: torch.Tensor) -> None:
-        self.conn, self.ready, self.done = conn, ready, done
-        self.flags, self.gave_up = flags, gave_up
-        self.iteration = 0  # the spin flags only grow: every call goes on counting
+                 flags: Flags) -> None:
+        self.conn, self.ready, self.done, self.flags = conn, ready, done, flags
+        self.iteration = 0  # the flags only grow: every call goes on counting
 
 
 def _pair(link: Link, cycles: tuple[int, int], iters: int, waits: tuple[str, ...]) -> float:
@@ -210,13 +238,13 @@ def _pair(link: Link, cycles: tuple[int, int], iters: int, waits: tuple[str, ...
         link.iteration += 1
         _work(cycles[0], scratch)
         if b_wait in FLAG_MODES:
-            set_flag(b_wait, link.flags[0:1], link.iteration)
+            link.flags.set(b_wait, 0, link.iteration)
         else:
             link.ready.record(stream)
         link.conn.send((cycles[1], b_wait, link.iteration))
         link.conn.recv()
         if a_wait in FLAG_MODES:
-            wait_flag(a_wait, link.flags[1:2], link.iteration, link.gave_up)
+            link.flags.wait(a_wait, 1, link.iteration)
         elif a_wait == "host":
             link.done.synchronize()
         else:

@@ -776,19 +776,20 @@ PY
 129)
   # (any machine, nothing staged: the bench needs torch and triton only) the hop between
   # two processes' GPU work, waiting on IPC events (gpu/gpu, the shared link's way), by
-  # spinning kernels on a flag in shared device memory (spin) and by the driver's stream
-  # memory operations on the same flags (memop), first time-sliced (two
+  # spinning kernels on a flag in shared device memory (spin), by the driver's stream
+  # memory operations on the same flags (memop) and on flags in pinned shared host memory
+  # (hostmemop: a dead peer's flag is still there to write), first time-sliced (two
   # contexts), then as clients of one MPS server (a user-space daemon, quit at the end;
   # the compute mode untouched). Lease 30: events cost 277 us a hop pair time-sliced,
   # 9 us under MPS with kernels of 50 us and more but ~1.9 ms an iteration with tiny
   # kernels (the waits resolved late); a spinning kernel sees the flag itself
   mark "hop bench, time-sliced"
-  timeout 150 python3 scripts/gpu/ipc_hop_bench.py --iters 400 --modes gpu/gpu,spin,memop 2>&1 \
+  timeout 150 python3 scripts/gpu/ipc_hop_bench.py --iters 400 --modes gpu/gpu,spin,memop,hostmemop 2>&1 \
     | grep -v Warn | tee "$OUT/ipc_hop_spin.txt"
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
   nvidia-cuda-mps-control -d && mark "MPS daemon started"
-  timeout 150 python3 scripts/gpu/ipc_hop_bench.py --iters 1500 --modes gpu/gpu,spin,memop 2>&1 \
+  timeout 150 python3 scripts/gpu/ipc_hop_bench.py --iters 1500 --modes gpu/gpu,spin,memop,hostmemop 2>&1 \
     | grep -v Warn | tee "$OUT/ipc_hop_spin_mps.txt"
   echo quit | nvidia-cuda-mps-control; sleep 1
   pack_all $1
