@@ -95,11 +95,11 @@ def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, num_chunks,
         tl.store(out_ptr + (row * num_chunks + chunk) * K_PAD + slots, picked)
 
 
-def levels(vocab: int, k: int) -> list[tuple[int, int]]:
+def levels(vocab: int, k: int, leaf_chunk: int = LEAF_CHUNK) -> list[tuple[int, int]]:
     """(programs per row, chunk) of each launch: the leaves, then the merges (each leaf
     and merge program passes on next_power_of_2(k) keys)."""
     k_pad = triton.next_power_of_2(k)
-    out = [(triton.cdiv(vocab, LEAF_CHUNK), LEAF_CHUNK)]
+    out = [(triton.cdiv(vocab, leaf_chunk), leaf_chunk)]
     candidates = out[0][0] * k_pad
     while True:
         num_chunks = triton.cdiv(candidates, MERGE_CHUNK)
@@ -116,11 +116,15 @@ def supports(vocab: int, k: int) -> bool:
     return 1 <= k <= min(MAX_K, vocab) and vocab < (1 << 31)
 
 
-def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None) -> Tensor:
+def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None,
+                leaf_chunk: int = LEAF_CHUNK, warps: tuple[int, int] = (1, 1)) -> Tensor:
     """Indices (..., k) int64 of the k largest values along the last dim of a float32
     logp (..., V) of log-probabilities (<= 0), largest first, ties to the lower index:
     `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs).
-    `bitonic`: the selection (default: from BITONIC_FROM_K; else K max-reduction rounds)."""
+    `bitonic`: the selection (default: from BITONIC_FROM_K; else K max-reduction rounds).
+    `leaf_chunk` (a power of two >= next_power_of_2(k)) and `warps` (a leaf program's, a merge
+    program's): other shapes of the same tournament, for tests/kernels/bench_vocab_topk.py
+    (the same tokens: the keys are unique)."""
     assert logp.dtype == torch.float32, logp.dtype
     vocab = logp.shape[-1]
     assert supports(vocab, k), (vocab, k)
@@ -131,20 +135,20 @@ def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None) -> Tensor:
     out = torch.empty((*logp.shape[:-1], k), dtype=torch.int64, device=logp.device)
     if num_rows == 0:
         return out
-    (num_leaves, leaf), *merges = levels(vocab, k)
+    (num_leaves, leaf), *merges = levels(vocab, k, leaf_chunk)
     pdl, k_pad = use_pdl(logp), triton.next_power_of_2(k)
     bitonic = k >= BITONIC_FROM_K if bitonic is None else bitonic
     keys = torch.empty((num_rows, num_leaves, k_pad), dtype=torch.int64, device=logp.device)
     _leaf_topk_kernel[(num_rows, num_leaves)](
         rows, keys, vocab, num_leaves, rows.stride(0), CHUNK=leaf, K=k, K_PAD=k_pad,
-        BITONIC=bitonic, USE_PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+        BITONIC=bitonic, USE_PDL=pdl, num_warps=warps[0], **launch_kwargs(pdl))
     for num_chunks, chunk in merges:
         final = num_chunks == 1
         dest = out if final else torch.empty((num_rows, num_chunks, k_pad), dtype=torch.int64,
                                              device=logp.device)
         _merge_topk_kernel[(num_rows, num_chunks)](
             keys, dest, vocab, keys.shape[1] * k_pad, num_chunks, CHUNK=chunk, K=k,
-            K_PAD=k_pad, BITONIC=bitonic, FINAL=final, USE_PDL=pdl, num_warps=1,
+            K_PAD=k_pad, BITONIC=bitonic, FINAL=final, USE_PDL=pdl, num_warps=warps[1],
             **launch_kwargs(pdl))
         keys = dest
     return out

@@ -27,6 +27,19 @@ def test_random_log_probabilities(vocab: int, k: int) -> None:
     check(torch.log_softmax(3 * torch.randn(1, 2, vocab, generator=gen), dim=-1), k)
 
 
+@pytest.mark.parametrize(("leaf_chunk", "warps"), [(64, (1, 4)), (2048, (4, 2))])
+def test_other_leaf_chunks_and_warps_give_the_same_tokens(leaf_chunk: int,
+                                                          warps: tuple[int, int]) -> None:
+    """The tournament's other shapes (bench_vocab_topk's sweep): more merge levels (64
+    tokens a leaf), fewer (2,048), several warps a program; ties across leaf borders."""
+    gen = torch.Generator().manual_seed(leaf_chunk)
+    logits = torch.randint(0, 4, (1, 4500), generator=gen).float()
+    logp = torch.log_softmax(logits, dim=-1)
+    k = 33
+    got = vocab_topk.stable_topk(logp, k, leaf_chunk=leaf_chunk, warps=warps)
+    assert torch.equal(got, _stable_topk(logp, k))
+
+
 def test_exact_ties_go_to_the_lower_token_id() -> None:
     """Integer logits over three values: thousands of exact ties across chunk borders."""
     gen = torch.Generator().manual_seed(0)
