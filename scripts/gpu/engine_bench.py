@@ -547,7 +547,8 @@ def stage_profile8b(args: argparse.Namespace) -> dict[str, Any]:
     # The draft half alone (the drafter block): each captured draft graph replayed 20
     # times with nothing between (it is idempotent: the same context, the same trees),
     # its kernels by GPU time a replay
-    for key in [key for key in engine.graphs._graphs if key[0] == "draft"]:
+    for key in [key for key in engine.graphs._graphs
+                if isinstance(key, tuple) and key[:1] == ("draft",)]:
         graph, _ = engine.graphs._graphs[key]
         for _ in range(3):
             graph.replay()
