@@ -61,6 +61,18 @@ def _patch_language_once_per_launch() -> None:
 
     patch_lang.once_per_launch = True  # type: ignore[attr-defined]
     interpreter._patch_lang = patch_lang
+    try:  # a launch with nested helpers (ours and triton.language's own) must still work
+        ok = _nested_helpers_work()
+    except Exception:  # noqa: BLE001 - any failure: the interpreter's own code instead
+        ok = False
+    if not ok:
+        interpreter._patch_lang = patch
+
+
+def _nested_helpers_work() -> bool:
+    from tests import interpreter_check
+
+    return interpreter_check.nested_helpers_work()
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":
