@@ -200,10 +200,15 @@ def _check_budget(budget: int, max_topk: int | None, num_levels: int, vocab: int
 
 @functools.lru_cache(maxsize=256)
 def _beam_widths(budget: int, num_ranks: int, num_levels: int) -> tuple[int, ...]:
-    """Beam width per depth: min(N, K^d), computed without ever forming a huge power."""
+    """Beam width per depth d = 1..L: min(N - d + 1, K^d) (at least 1), computed without
+    ever forming a huge power. A depth-d prefix that ranks p-th (from 0) among its depth
+    comes after the p above it and its own d - 1 ancestors (higher scores, or ties won by
+    the shallower prefix), so only p <= N - d can enter N nodes; and the top N - d + 1 of
+    depth d extend the top N - d + 2 of depth d - 1 (each prefix above a parent has a
+    best child at least as good as any of that parent's children)."""
     widths, width = [], 1
-    for _ in range(num_levels):
-        width = min(budget, width * num_ranks)
+    for depth in range(1, num_levels + 1):
+        width = max(1, min(budget - depth + 1, width * num_ranks))
         widths.append(width)
     return tuple(widths)
 

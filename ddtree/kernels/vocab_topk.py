@@ -95,10 +95,12 @@ def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, num_chunks,
         tl.store(out_ptr + (row * num_chunks + chunk) * K_PAD + slots, picked)
 
 
-def levels(vocab: int, k: int, leaf_chunk: int = LEAF_CHUNK) -> list[tuple[int, int]]:
-    """(programs per row, chunk) of each launch: the leaves, then the merges (each leaf
-    and merge program passes on next_power_of_2(k) keys)."""
+def levels(vocab: int, k: int, leaf_chunk: int | None = None) -> list[tuple[int, int]]:
+    """(programs per row, chunk) of each launch: the leaves (of LEAF_CHUNK tokens unless
+    said), then the merges (each leaf and merge program passes on next_power_of_2(k)
+    keys)."""
     k_pad = triton.next_power_of_2(k)
+    leaf_chunk = leaf_chunk or LEAF_CHUNK
     out = [(triton.cdiv(vocab, leaf_chunk), leaf_chunk)]
     candidates = out[0][0] * k_pad
     while True:
@@ -117,14 +119,14 @@ def supports(vocab: int, k: int) -> bool:
 
 
 def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None,
-                leaf_chunk: int = LEAF_CHUNK, warps: tuple[int, int] = (1, 1)) -> Tensor:
+                leaf_chunk: int | None = None, warps: tuple[int, int] = (1, 1)) -> Tensor:
     """Indices (..., k) int64 of the k largest values along the last dim of a float32
     logp (..., V) of log-probabilities (<= 0), largest first, ties to the lower index:
     `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs).
     `bitonic`: the selection (default: from BITONIC_FROM_K; else K max-reduction rounds).
-    `leaf_chunk` (a power of two >= next_power_of_2(k)) and `warps` (a leaf program's, a merge
-    program's): other shapes of the same tournament, for tests/kernels/bench_vocab_topk.py
-    (the same tokens: the keys are unique)."""
+    `leaf_chunk` (a power of two >= next_power_of_2(k); default LEAF_CHUNK) and `warps`
+    (a leaf program's, a merge program's): other shapes of the same tournament, for
+    tests/kernels/bench_vocab_topk.py (the same tokens: the keys are unique)."""
     assert logp.dtype == torch.float32, logp.dtype
     vocab = logp.shape[-1]
     assert supports(vocab, k), (vocab, k)
