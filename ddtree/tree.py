@@ -2,7 +2,8 @@
 the ancestor-only attention mask, and the validation of trees that come over the wire.
 
 `build_tree` returns the `budget` most probable draft prefixes without a heap and without a
-host sync: a beam of width `N` over depths, then one top-`N` over the union of all depths.
+host sync: a beam over depths (at most `N - d + 1` prefixes at depth d: `_beam_widths`), then
+one top-`N` over the union of all depths.
 Every shape depends only on (B, L, V, N, max_topk), so the function can be captured in a
 CUDA graph. tests/unit/heap_reference.py holds the best-first heap it must agree with.
 """
