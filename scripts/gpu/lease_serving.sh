@@ -795,6 +795,9 @@ PY
   # the drafter's vocabulary top-K in other tournament shapes (leaf chunk / leaf warps /
   # merge warps; 512/1/1 is the kernel's): at 8B its merges took ~77 us of a tree@63
   # draft (lease 15's profile: two levels of one-warp programs, ~160 and 16 of them)
+  mark "tree build: the beams now against the former widths"
+  timeout 120 python3 scripts/gpu/tree_build_bench.py --warps 4 --wide-beams 2>&1 \
+    | grep -v Warn | tee "$OUT/tree_build_beams.txt" | tail -8
   mark "vocab top-K shapes"
   timeout 200 python3 -m tests.kernels.bench_vocab_topk --shapes \
     512/1/1,512/1/2,512/1/4,512/1/8,256/1/4,1024/2/4,2048/4/4,2048/4/8 2>&1 \

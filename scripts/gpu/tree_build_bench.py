@@ -2,9 +2,11 @@
 """The tree build kernel (`ddtree.kernels.tree_build.tree_from_ranks`) at the demo's
 vocabulary and depth, per budget and batch: graph replay, us per call; with `--against
 FILE` (another version of ddtree/kernels/tree_build.py) that version beside it on the same
-inputs, with its trees compared bit for bit. Run on the GPU machine:
+inputs, with its trees compared bit for bit; with `--wide-beams` this version also at the
+beam widths before the twenty-eighth session (min(N, K^d) at every depth: the same trees).
+Run on the GPU machine:
 
-    python3 scripts/gpu/tree_build_bench.py [--against old_tree_build.py]
+    python3 scripts/gpu/tree_build_bench.py [--against old_tree_build.py] [--wide-beams]
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--against", default="", help="another tree_build.py to compare")
     parser.add_argument("--warps", default="4", help="this version's warps to time, e.g. 1,2,4")
+    parser.add_argument("--wide-beams", action="store_true",
+                        help="also at min(N, K^d) prefixes a depth (the former widths)")
     args = parser.parse_args()
     versions = {"this": tree_build}
     warps = [int(w) for w in args.warps.split(",")]
@@ -49,15 +53,18 @@ def main() -> None:
             budget = ones * num_nodes
             force = torch.arange(batch, device="cuda") % 2 == 0
             max_topk = torch.zeros(batch, dtype=torch.long, device="cuda")
+            wide = tuple(min(num_nodes, num_nodes ** d) for d in range(1, DEPTH + 1))
             outs, times = {}, {}
-            cases = [(f"this/{w}w", tree_build, w) for w in warps]
+            cases = [(f"this/{w}w", tree_build, w, widths) for w in warps]
+            if args.wide_beams:
+                cases.append(("wide beams", tree_build, 4, wide))
             if "other" in versions:
-                cases.append(("other", versions["other"], 4))
-            for name, module, num_warps in cases:
+                cases.append(("other", versions["other"], 4, widths))
+            for name, module, num_warps, beams in cases:
                 extra = {"num_warps": num_warps} if module is tree_build else {}
 
-                def build(module=module, extra=extra):  # noqa: ANN202
-                    return module.tree_from_ranks(logp, ranks, ones, widths, num_nodes, budget,
+                def build(module=module, extra=extra, beams=beams):  # noqa: ANN202
+                    return module.tree_from_ranks(logp, ranks, ones, beams, num_nodes, budget,
                                                   force, max_topk, **extra)
                 outs[name] = build()
                 times[name] = round(graph_replay_us(build), 2)
