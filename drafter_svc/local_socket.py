@@ -65,6 +65,8 @@ class LocalDraftServer:
             listener.bind(self.path)
             os.chmod(self.path, 0o600)  # this user's processes only
             listener.listen(self.max_streams)
+            # set before the accept thread runs (a stop right after start closes it)
+            listener.settimeout(draft_socket.WAIT_SLICE_S)  # a close does not wake accept()
         except OSError:
             listener.close()
             raise
@@ -88,7 +90,6 @@ class LocalDraftServer:
     def _accept(self) -> None:
         listener = self._listener
         assert listener is not None
-        listener.settimeout(draft_socket.WAIT_SLICE_S)  # a close does not wake accept()
         while not self._stopping.is_set():
             try:
                 conn, _ = listener.accept()
