@@ -102,7 +102,7 @@ class LocalDrafter:
         self.pool = drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
         # A row's first context through CUDA graphs (the drafter service's --context-graphs,
         # on by default; the verifier's in-process drafter passes False).
-        self.context = ContextGraphs(self, num_slots, context_graphs)
+        self.context = ContextGraphs(self, context_graphs)
 
     def sibling(self, num_slots: int, max_model_len: int,
                 context_graphs: bool) -> LocalDrafter:
@@ -112,7 +112,7 @@ class LocalDrafter:
         twin = copy.copy(self)
         twin.backend = dataclasses.replace(self.backend)
         twin.pool = self.drafter.new_pool(num_slots + 1, max_model_len + 4 * self.block_size)
-        twin.context = ContextGraphs(twin, num_slots, context_graphs)
+        twin.context = ContextGraphs(twin, context_graphs)
         return twin
 
     @property
@@ -182,12 +182,11 @@ class ContextGraphs:
     unless `enabled` on a GPU with graphs, or `static` (the same padded store, eagerly:
     what the CPU test checks)."""
 
-    def __init__(self, local: LocalDrafter, scratch: int, enabled: bool,
-                 static: bool = False) -> None:
+    def __init__(self, local: LocalDrafter, enabled: bool, static: bool = False) -> None:
         self.local = local
         weight = local.drafter.fc.weight
         self.graphs = GraphRunner(weight.device, enabled)
-        self.scratch = scratch
+        self.scratch = local.scratch  # rows past the prompt are stored there
         self.buckets: tuple[int, ...] = ()
         if not (self.graphs.enabled or static):
             return

@@ -71,7 +71,7 @@ def test_first_context_in_static_buckets_is_the_eager_one_and_pads_into_scratch(
     for static in (False, True):
         local = LocalDrafter(drafter, target.embeddings, NUM_SLOTS, 64)
         assert local.context.buckets == ()
-        local.context = ContextGraphs(local, NUM_SLOTS, enabled=False, static=static)
+        local.context = ContextGraphs(local, enabled=False, static=static)
         assert local.context.buckets == ((16, 32, 64) if static else ())
         local.pool.k.fill_(7.0)
         local.pool.v.fill_(7.0)
