@@ -13,7 +13,8 @@ count). `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts
 kills the drafter through it). `--colocate-drafter` runs the drafter inside the verifier
 process instead (two processes, one device, no gRPC hop per round). Secrets reach the
 children through their environment (DDTREE_API_KEY, DDTREE_GRPC_TOKEN), never their
-command lines.
+command lines. `--mps` (auto by default) runs the drafter and the verifier as clients of
+a private MPS server when they share a GPU (ddtree/mps.py).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from ddtree.cli.options import (
     add_spec_options,
     resolve_pair_dirs,
 )
-from ddtree.cli.supervisor import Child, Supervisor
+from ddtree.cli.supervisor import Child, Supervisor, say
 from ddtree.errors import DDTreeError
+from ddtree.mps import MODES, MpsServer, decide
 
 # How long a child may take to load its model and answer its health check.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -76,6 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, help="seconds"
     )
+    parser.add_argument("--mps", choices=MODES, default=os.environ.get("DDTREE_MPS", "auto"),
+                        help="run the drafter and the verifier as clients of a private CUDA "
+                             "MPS server (auto: when they share a GPU and "
+                             "nvidia-cuda-mps-control is there; env DDTREE_MPS)")
     parser.add_argument("--pid-dir", type=Path, default=None,
                         help="write serve.pid, drafter.pid, verifier.pid, gateway.pid here")
     parser.add_argument("--api-key", default=os.environ.get("DDTREE_API_KEY", ""),
@@ -97,8 +103,7 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
     python = sys.executable
 
     def placed(gpu: int | None) -> list[str]:
-        device = f"cuda:{gpu}" if gpu is not None else args.device
-        return ["--target", target, "--device", device, "--dtype", args.dtype]
+        return ["--target", target, "--device", placement(args, gpu), "--dtype", args.dtype]
 
     commands = []
     colocated = drafter is not None and args.colocate_drafter
@@ -138,6 +143,17 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
         name = "gateway" if worker == 0 else f"gateway-{worker + 1}"
         commands.append((name, [*gateway, "--reuse-port"] if workers > 1 else gateway))
     return commands
+
+
+def placement(args: argparse.Namespace, gpu: int | None) -> str:
+    return f"cuda:{gpu}" if gpu is not None else args.device
+
+
+def shares_gpu(args: argparse.Namespace, drafter: str | None) -> bool:
+    """A drafter service and the verifier (one rank) on one device."""
+    return (drafter is not None and not args.colocate_drafter
+            and args.tensor_parallel_size == 1
+            and placement(args, args.drafter_gpu) == placement(args, args.verifier_gpu))
 
 
 def http_ok(url: str, timeout_s: float = 2.0, pid: int | None = None) -> bool:
@@ -201,6 +217,20 @@ def run(args: argparse.Namespace) -> int:
         if service == "gateway":
             child.is_ready = functools.partial(gateway_ready, f"{gateway_url}/health", child)
         children.append(child)
-    banner = f"OpenAI API at {gateway_url}/v1 (mode {args.mode}); Ctrl-C stops it"
-    return Supervisor(children, child_env(args), args.startup_timeout, args.pid_dir,
-                      banner).run()
+    env = child_env(args)
+    start_mps, why = decide(args.mps, placement(args, args.verifier_gpu),
+                            shares_gpu(args, drafter), env)
+    if not start_mps:
+        if args.mps != "off" and placement(args, args.verifier_gpu) != "cpu":
+            say(f"no MPS server: {why}")
+        return Supervisor(children, env, args.startup_timeout, args.pid_dir,
+                          banner(args, gateway_url, mps=False)).run()
+    with MpsServer(placement(args, args.verifier_gpu), required=args.mps == "on",
+                   base_env=env) as mps:
+        return Supervisor(children, {**env, **mps.env}, args.startup_timeout, args.pid_dir,
+                          banner(args, gateway_url, mps=bool(mps.env))).run()
+
+
+def banner(args: argparse.Namespace, gateway_url: str, mps: bool) -> str:
+    under = ", under an MPS server" if mps else ""
+    return f"OpenAI API at {gateway_url}/v1 (mode {args.mode}{under}); Ctrl-C stops it"

@@ -39,6 +39,37 @@ LEAF_CHUNK = 512  # tokens per leaf program (16 a lane of one warp)
 MERGE_CHUNK = 2048  # candidate keys per merge program at most
 MAX_K = 64  # beyond it torch.topk (a K = 127 of the first version lost to it, lease 14)
 BITONIC_FROM_K = 17  # bitonic top-K (tl.topk) from this K, K max-reduction rounds below
+# The tournament's shape by next_power_of_2(K) and the rows (row x depth lists) it ranks:
+# (most rows, leaf chunk, (leaf warps, merge warps)), the first that holds. Lease 37
+# (call 129, tests/kernels/bench_vocab_topk.py, graph replay on the H200, every shape the
+# same tokens) at 15 rows, against 512/1/1: K=16 (demo vocab 49,152) 20.9 -> 15.9 us
+# with 4-warp merges (71.2 -> 66.1 at 120 rows), K=32 46.9 -> 22.2 with 2,048-token
+# leaves of 4 warps, K=63 (the 8B's vocab 151,936) 88.6 -> 68.4 with 1,024-token leaves
+# of 2 warps (337.8 -> 297.5 at 120 rows with 4-warp merges alone). Other K keep 512/1/1.
+SHAPES: dict[int, tuple[tuple[int, int, tuple[int, int]], ...]] = {
+    16: ((1 << 30, 512, (1, 4)),),
+    32: ((32, 2048, (4, 4)),),
+    64: ((32, 1024, (2, 4)), (1 << 30, 512, (1, 4))),
+}
+_shapes_enabled = True
+
+
+def set_shapes(enabled: bool) -> bool:
+    """Turns SHAPES on or off (off: 512-token one-warp leaves and merges everywhere) for
+    launches from now on (benchmarks' A/B; the tokens are the same); returns the old
+    setting. CUDA graphs keep what they captured."""
+    global _shapes_enabled
+    previous, _shapes_enabled = _shapes_enabled, bool(enabled)
+    return previous
+
+
+def shape(k: int, num_rows: int) -> tuple[int, tuple[int, int]]:
+    """(leaf chunk, (leaf warps, merge warps)) of a top-K of k over num_rows rows."""
+    if _shapes_enabled:
+        for most_rows, leaf_chunk, warps in SHAPES.get(triton.next_power_of_2(k), ()):
+            if num_rows <= most_rows:
+                return leaf_chunk, warps
+    return LEAF_CHUNK, (1, 1)
 
 
 @triton.jit
@@ -119,14 +150,14 @@ def supports(vocab: int, k: int) -> bool:
 
 
 def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None,
-                leaf_chunk: int | None = None, warps: tuple[int, int] = (1, 1)) -> Tensor:
+                leaf_chunk: int | None = None, warps: tuple[int, int] | None = None) -> Tensor:
     """Indices (..., k) int64 of the k largest values along the last dim of a float32
     logp (..., V) of log-probabilities (<= 0), largest first, ties to the lower index:
     `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs).
     `bitonic`: the selection (default: from BITONIC_FROM_K; else K max-reduction rounds).
-    `leaf_chunk` (a power of two >= next_power_of_2(k); default LEAF_CHUNK) and `warps`
-    (a leaf program's, a merge program's): other shapes of the same tournament, for
-    tests/kernels/bench_vocab_topk.py (the same tokens: the keys are unique)."""
+    `leaf_chunk` (a power of two >= next_power_of_2(k)) and `warps` (a leaf program's, a
+    merge program's): the tournament's shape (default: `shape`; any gives the same tokens,
+    the keys are unique; tests/kernels/bench_vocab_topk.py sweeps them)."""
     assert logp.dtype == torch.float32, logp.dtype
     vocab = logp.shape[-1]
     assert supports(vocab, k), (vocab, k)
@@ -137,6 +168,9 @@ def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None,
     out = torch.empty((*logp.shape[:-1], k), dtype=torch.int64, device=logp.device)
     if num_rows == 0:
         return out
+    if leaf_chunk is None or warps is None:
+        default_chunk, default_warps = shape(k, num_rows)
+        leaf_chunk, warps = leaf_chunk or default_chunk, warps or default_warps
     (num_leaves, leaf), *merges = levels(vocab, k, leaf_chunk)
     pdl, k_pad = use_pdl(logp), triton.next_power_of_2(k)
     bitonic = k >= BITONIC_FROM_K if bitonic is None else bitonic

@@ -49,6 +49,7 @@ from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
 from ddtree.kernels.launch import set_pdl, set_prefetch
 from ddtree.kernels.tree_attention import set_query_groups, set_wide_stages
+from ddtree.kernels.vocab_topk import set_shapes as set_topk_shapes
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
@@ -263,7 +264,11 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # in PyTorch (EngineConfig.round_commit off); "no query groups" tree attention one
     # query a program (tree_attention.set_query_groups); "separate context" the
     # drafter's new context rows appended before the block, not in its QKV GEMMs
-    # (Backend.context_in_block off); "PyTorch tree"
+    # (Backend.context_in_block off); "plain top-K shapes" the vocabulary top-K's
+    # tournament in one-warp 512-token programs everywhere (vocab_topk.set_shapes);
+    # "drafter cuBLAS" the drafter's GEMMs in cuBLAS (not batch invariant: the drafts
+    # may change with the batch, the target's tokens may not);
+    # "PyTorch tree"
     # builds the drafter's trees in PyTorch instead of one kernel). The other
     # invariant rows are compared with the plain ar tokens (none may change a bit); cuBLAS
     # rows with cuBLAS ar (not batch invariant).
@@ -282,6 +287,10 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (separate context)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
+                (" (plain top-K shapes)", True, False, True, True, True, True,
+                 ("ar", "tree@16", "tree@32")),
+                (" (drafter cuBLAS)", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@16", "tree@32")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
                 (" (no prefetch)", True, False, True, True, True, False, ("ar", "tree@32")),
                 (" (PyTorch tree)", True, False, True, True, True, True,
@@ -301,6 +310,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         # graphs keep the launches they were captured with
         launches_before = set_pdl(pdl), set_prefetch(prefetch)
         groups_before = set_query_groups(kind != "no query groups")
+        shapes_before = set_topk_shapes(kind != "plain top-K shapes")
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue,
@@ -311,7 +321,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
             engine.drafting.backend = dataclasses.replace(
                 engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",
                 vocab_topk=kind not in ("PyTorch tree", "torch top-K"),
-                context_in_block=kind != "separate context")
+                context_in_block=kind != "separate context",
+                invariant=invariant and kind != "drafter cuBLAS")
         reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
@@ -327,6 +338,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         set_pdl(launches_before[0])
         set_prefetch(launches_before[1])
         set_query_groups(groups_before)
+        set_topk_shapes(shapes_before)
     if args.hf:
         rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
         print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s",
@@ -489,6 +501,7 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     """Random Qwen3-8B-shaped pair: step times against the weight-read floor."""
     set_wide_stages(args.wide_stages)
     set_query_groups(args.query_groups)
+    set_topk_shapes(args.topk_shapes)
     target, drafter = build_8b()
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     # a step reads one row of the embedding table, not all of it
@@ -498,7 +511,8 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                             "copy_tb_s": round(bandwidth / 1e12, 2),
                             "floor_ms": round(weight_bytes / bandwidth * 1e3, 3),
                             "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3),
-                            "wide_stages": args.wide_stages, "query_groups": args.query_groups}
+                            "wide_stages": args.wide_stages, "query_groups": args.query_groups,
+                            "topk_shapes": args.topk_shapes}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64,
                                                         swiglu_epilogue=args.epilogue,
@@ -506,8 +520,10 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                                                         reduce_fusions=args.reduce_fusions))
     if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
         engine.drafting.backend = dataclasses.replace(
-            engine.drafting.backend, fused=args.fused, context_in_block=args.context_in_block)
+            engine.drafting.backend, fused=args.fused, context_in_block=args.context_in_block,
+            invariant=not args.drafter_cublas)
     rows["context_in_block"] = args.context_in_block
+    rows["drafter_cublas"] = args.drafter_cublas
     prompt = PROMPT_8B
     ar_tokens = None
     for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
@@ -615,6 +631,11 @@ def main(argv: list[str]) -> int:
                         help="exact stage: the drafter's tree-attention tiling, e.g. 64/2/2")
     parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                         help="speed stage: transformers' static-cache generate last")
+    parser.add_argument("--drafter-cublas", action=argparse.BooleanOptionalAction,
+                        default=False, help="shapes8b: the drafter's GEMMs in cuBLAS (A/B)")
+    parser.add_argument("--topk-shapes", action=argparse.BooleanOptionalAction, default=True,
+                        help="shapes8b: the vocabulary top-K's tuned tournament shapes "
+                        "(vocab_topk.SHAPES; A/B)")
     parser.add_argument("--reduce-fusions", action=argparse.BooleanOptionalAction, default=True,
                         help="shapes8b: the norms after o_proj / down in their split-K "
                         "reduces (EngineConfig.reduce_fusions; A/B)")

@@ -817,6 +817,52 @@ PY
   pack_all $1
   mark done
   ;;
+130)
+  # (after 0-3, carry .carry/g4) `ddtree serve --mps` (auto, the default: the drafter and
+  # the verifier share the GPU, so serve starts a private MPS server and runs them as its
+  # clients): the real-MPS test, a CUDA client whose pipe directory has no daemon (runs
+  # without MPS: what compose's clients do when its mps service idles), then tree@16 c8 /
+  # c1 and ar c8 through serve under MPS (auto), tree@16 c8 / c1 with --mps off, and
+  # tree@16 in process over the same 160 requests: the gateway's ratios
+  [ -f $T/config.json ] || stage_target
+  mark "MPS tests on the GPU"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_mps.py 2>&1 | tail -3
+  mkdir -p /tmp/mps-empty
+  CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-empty timeout 60 python3 -c \
+    "import torch; x = torch.ones(4, device='cuda') + 1; print('client without a daemon:', float(x.sum()))" 2>&1 | tail -1
+  SHARED=1 RUN=mpsauto serve_ahead 1 "tree:16:8 tree:16:1 ar:1:8" 1
+  zcat "$OUT"/serve_*mpsauto*.log.gz 2>/dev/null | grep -h "ddtree mps\|MPS" | head -3
+  SHARED=1 RUN=nomps SERVE_EXTRA="--mps off" serve_ahead 1 "tree:16:8 tree:16:1" 1
+  mark "tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
+131)
+  # (warm, or after 0 alone: random 8B weights, no target) the 8B drafter block with the
+  # tuned top-K tournament shapes (the default now), without them, and with the drafter's
+  # GEMMs in cuBLAS (not batch invariant: only the drafts may change); tokens equal ar's
+  i=0
+  for flags in "" "--no-topk-shapes" "--drafter-cublas"; do
+    i=$((i + 1)); mark "shapes8b $flags"
+    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b $flags --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$i.json"
+  done
+  pack_all $1
+  mark done
+  ;;
+132)
+  # (after 0-3 and 130: the target staged) the batch-1 table with the tuned top-K shapes,
+  # without them, and with the drafter's GEMMs in cuBLAS; transformers last
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed"
+  timeout 280 python3 scripts/gpu/engine_bench.py --stages speed --target $T \
+    --speed-variants "plain,plain top-K shapes,drafter cuBLAS" --humaneval $H 2>&1 \
+    | grep -v Warn | tail -16
+  pack_all $1
+  mark done
+  ;;
 125)
   # (warm after 124) the concurrency curves at the current engine (engine_bench.py
   # --stages load: ar, tree@16, tree@64, auto at c1 / c8 / c32 / c64, cold then warm;

@@ -88,3 +88,23 @@ def test_the_round_tree_builds_on_it() -> None:
     got = build_round_tree(logits, bonus, 16, budget, force, max_topk, kernels=True)
     for name in ("tokens", "parents", "depth", "valid", "scores"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_the_default_shape_follows_k_and_the_rows_and_gives_the_same_tokens() -> None:
+    """SHAPES picks the tournament's shape by K and the rows it ranks (set_shapes(False):
+    the one-warp 512-token shape everywhere); each gives torch's tokens."""
+    assert vocab_topk.shape(16, 15) == (512, (1, 4))
+    assert vocab_topk.shape(63, 15) == (1024, (2, 4))
+    assert vocab_topk.shape(63, 120) == (512, (1, 4))
+    assert vocab_topk.shape(32, 120) == (512, (1, 1))  # no entry holds: the default
+    assert vocab_topk.shape(5, 1) == (512, (1, 1))
+    before = vocab_topk.set_shapes(False)
+    try:
+        assert vocab_topk.shape(63, 15) == (512, (1, 1))
+    finally:
+        vocab_topk.set_shapes(before)
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randint(0, 6, (3, 5000), generator=gen).float()
+    logp = torch.log_softmax(logits, dim=-1)
+    for k in (16, 32, 63):  # one or two merge levels under the shapes picked
+        assert torch.equal(vocab_topk.stable_topk(logp, k), _stable_topk(logp, k)), k
