@@ -45,6 +45,7 @@ SYSTEM_PIPE_DIR = Path("/tmp/nvidia-mps")
 READY_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 180.0
 QUIT_TIMEOUT_S = 15.0
+IDLE_MARK = "ddtree-mps-idle"  # in the compose service's pipe directory: no daemon, by choice
 # A CUDA client under the server: one allocation and a kernel on the device.
 _PROBE = ("import sys, torch; d = torch.device(sys.argv[1]); "
           "x = torch.ones(4, device=d) + 1; assert float(x.sum()) == 8.0")
@@ -205,11 +206,14 @@ def serve_forever(mode: str, device: str, pipe_dir: Path) -> int:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}
     start, why = decide(mode, device, shared_gpu=True, env=env)
     control = shutil.which(CONTROL)
+    pipe_dir.mkdir(parents=True, exist_ok=True)
+    idle = pipe_dir / IDLE_MARK
+    idle.unlink(missing_ok=True)
     if not start or control is None:
         _say(f"not starting an MPS server: {why}; the services run without one")
+        idle.touch()
         stop.wait()
         return 0
-    pipe_dir.mkdir(parents=True, exist_ok=True)
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe_dir)
     env.setdefault("CUDA_MPS_LOG_DIRECTORY", str(pipe_dir / "log"))
     Path(env["CUDA_MPS_LOG_DIRECTORY"]).mkdir(parents=True, exist_ok=True)
@@ -227,6 +231,19 @@ def serve_forever(mode: str, device: str, pipe_dir: Path) -> int:
     return 0
 
 
+def healthy(pipe_dir: Path) -> bool:
+    """The `mps` service is ready for its clients: idle by choice, or its daemon answers."""
+    if (pipe_dir / IDLE_MARK).exists():
+        return True
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+    try:
+        done = subprocess.run([CONTROL], input=b"get_server_list\n", env=env,
+                              capture_output=True, timeout=4.0, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -236,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=os.environ.get("DDTREE_DEVICE", "cuda"))
     parser.add_argument("--pipe-dir", type=Path,
                         default=Path(os.environ.get("DDTREE_MPS_PIPE_DIR", "/run/mps")))
+    parser.add_argument("--check", action="store_true",
+                        help="exit 0 if the service is ready (its healthcheck)")
     args = parser.parse_args(argv)
+    if args.check:
+        return 0 if healthy(args.pipe_dir) else 1
     try:
         return serve_forever(args.mps, args.device, args.pipe_dir)
     except DDTreeError as error:

@@ -16,7 +16,7 @@ COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose
 
 def test_compose_file_is_valid() -> None:
     services = load_compose(COMPOSE_FILE, {})["services"]
-    assert set(services) == {"drafter", "verifier", "gateway"}
+    assert set(services) == {"mps", "drafter", "verifier", "gateway"}
 
 
 def test_the_validator_rejects_what_compose_rejects(tmp_path: Path) -> None:
@@ -55,7 +55,8 @@ def test_compose_settings_come_from_the_environment() -> None:
     assert services["verifier"]["environment"]["DDTREE_MODE"] == "linear"
     assert services["verifier"]["environment"]["DDTREE_DRAFTER_ADDR"] == "drafter:50052"
     assert services["gateway"]["ports"] == ["127.0.0.1:9000:8000"]
-    assert all(s["environment"]["DDTREE_GRPC_TOKEN"] == "shared" for s in services.values())
+    assert all(s["environment"]["DDTREE_GRPC_TOKEN"] == "shared"
+               for name, s in services.items() if name != "mps")  # mps serves no gRPC
     assert all("healthcheck" in s for s in services.values())
     assert any(str(v).startswith("/srv/models") for v in _volumes(services["verifier"]))
     # Triton's compiled kernels in a volume both GPU services share (a restart skips the
@@ -71,8 +72,19 @@ def test_compose_settings_come_from_the_environment() -> None:
     # the shared draft link: on by default on both sides, one IPC namespace (CUDA IPC)
     assert services["verifier"]["environment"]["DDTREE_DRAFTER_SHARED"] == "1"
     assert services["drafter"]["environment"]["DDTREE_SHARED_DRAFT"] == "1"
-    assert services["drafter"]["ipc"] == "shareable"
-    assert services["verifier"]["ipc"] == "service:drafter"
+    # one IPC namespace for the three GPU services (CUDA IPC, MPS), the mps service's
+    assert services["mps"]["ipc"] == "shareable"
+    assert services["drafter"]["ipc"] == services["verifier"]["ipc"] == "service:mps"
+    # MPS: off unless DDTREE_MPS says so; both clients look in the pipe volume it mounts
+    assert services["mps"]["environment"]["DDTREE_MPS"] == "off"
+    pipe = services["mps"]["environment"]["DDTREE_MPS_PIPE_DIR"]
+    for name in ("mps", "drafter", "verifier"):
+        assert f"mps-pipe:{pipe}" in services[name]["volumes"], name
+    for name in ("drafter", "verifier"):
+        assert services[name]["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == pipe, name
+    assert services["drafter"]["depends_on"]["mps"]["condition"] == "service_healthy"
+    assert load_compose(COMPOSE_FILE, {"DDTREE_MPS": "on"})["services"]["mps"][
+        "environment"]["DDTREE_MPS"] == "on"
 
 
 def test_only_the_gateway_is_published_and_on_loopback_by_default() -> None:
@@ -81,7 +93,8 @@ def test_only_the_gateway_is_published_and_on_loopback_by_default() -> None:
     assert services["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
     # Inside the compose network the services listen on every interface (their own
     # default is loopback, which the other containers could not reach).
-    assert all(s["environment"]["DDTREE_HOST"] == "0.0.0.0" for s in services.values())
+    assert all(s["environment"]["DDTREE_HOST"] == "0.0.0.0"
+               for name, s in services.items() if name != "mps")  # mps listens on no port
 
 
 def _volumes(service: dict) -> list[str]:

@@ -124,3 +124,41 @@ def test_a_real_mps_server_serves_a_cuda_client() -> None:
                               capture_output=True, check=True)
         # the client check started a server (one pid per line)
         assert done.stdout.split(), done
+
+
+def _wait_healthy(pipe: Path, env: dict[str, str], process: subprocess.Popen[str]) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while subprocess.run([sys.executable, "-m", "ddtree.mps", "--check", "--pipe-dir",
+                          str(pipe)], env=env, check=False).returncode != 0:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the mps service never became healthy"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_the_compose_service_idles_or_runs_the_daemon_until_sigterm(
+        mode: str, fake_path: dict[str, str], tmp_path: Path) -> None:
+    """`python -m ddtree.mps` (compose's `mps` service): off, it idles and is healthy (its
+    clients run without MPS); on, it runs the control daemon over the pipe directory and
+    is healthy once that answers; SIGTERM quits the daemon and exits 0."""
+    import signal
+
+    pipe = tmp_path / "run-mps"
+    env = {**fake_path, "DDTREE_MPS": mode, "DDTREE_DEVICE": "cuda"}
+    process = subprocess.Popen([sys.executable, "-m", "ddtree.mps", "--pipe-dir", str(pipe)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        _wait_healthy(pipe, env, process)
+        assert (pipe / "control").exists() == (mode == "on")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    if mode == "on":
+        assert (tmp_path / "commands").read_text().split()[-1] == "quit"
+        assert "MPS control daemon started" in output
+    else:
+        assert "not starting an MPS server: --mps off" in output
