@@ -34,6 +34,16 @@ SHAPES = [
     ("down", 576, 1536, None, False),
     ("lm_head", 49152, 576, torch.float32, False),
 ]
+# the Qwen3-8B target's and its drafter's (fc: five target layers' features -> hidden):
+# at T = 16-32 the drafter's block (16 queries, plus the new context rows in its QKV GEMM)
+SHAPES_8B = [
+    ("qwen3.qkv", 6144, 4096, None, False),
+    ("qwen3.o", 4096, 4096, None, False),
+    ("qwen3.gate_up", 24576, 4096, None, False),
+    ("qwen3.down", 4096, 12288, None, False),
+    ("qwen3.lm_head", 151936, 4096, torch.float32, False),
+    ("qwen3.drafter_fc", 4096, 20480, None, False),
+]
 ROWS = (1, 33, 132, 264)  # the default --rows
 
 
@@ -49,6 +59,18 @@ def candidates(committed: LinearConfig) -> list[LinearConfig]:
     return out
 
 
+def cublas_us(weight: torch.Tensor, out_dtype: torch.dtype | None, epilogue: bool,
+              inputs: list[torch.Tensor]) -> float:
+    """cuBLAS (F.linear; the SwiGLU after it) on the same rows: what the kernel is against."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, weight)
+        if epilogue:
+            gate, up = y.chunk(2, dim=-1)
+            y = torch.nn.functional.silu(gate) * up
+        return y if out_dtype is None else y.to(out_dtype)
+    return graph_us(fn, inputs)
+
+
 def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None,
           epilogue: bool, row_counts: tuple[int, ...] = ROWS) -> list[dict]:
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -60,7 +82,10 @@ def sweep(name: str, n: int, k: int, out_dtype: torch.dtype | None,
 
     committed = committed_config(weight, epilogue)
     expected = {t: run(committed)(inputs[t][0]) for t in row_counts}
-    rows = []
+    rows: list[dict] = [{"cublas_us": {t: round(cublas_us(weight, out_dtype, epilogue,
+                                                         inputs[t]), 2) for t in row_counts}}]
+    print(f"{name:<15} cuBLAS        " + " ".join(f"T{t}:{rows[0]['cublas_us'][t]:7.2f}"
+                                                 for t in row_counts), flush=True)
     for config in candidates(committed):
         try:
             fn = run(config)
@@ -84,21 +109,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)),
                         help="row counts T, comma-separated")
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--model", choices=("smollm2", "qwen3"), default="smollm2",
+                        help="the demo target's shapes or the 8B target's and drafter's")
     args = parser.parse_args(argv)
     row_counts = tuple(int(t) for t in args.rows.split(","))
+    shapes = SHAPES if args.model == "smollm2" else SHAPES_8B
     results = {name: sweep(name, n, k, out_dtype, epilogue, row_counts)
-               for name, n, k, out_dtype, epilogue in SHAPES}
-    for name, rows in results.items():  # the summary: committed vs the best bitwise-equal
+               for name, n, k, out_dtype, epilogue in shapes}
+    for name, all_rows in results.items():  # the summary: committed vs the best bitwise-equal
+        reference, rows = all_rows[0], all_rows[1:]
         committed = next(r for r in rows if r["committed"])
         line = f"{name:<15}"
         for t in row_counts:
             best = min((r for r in rows if r["bitwise_as_committed"]), key=lambda r: r["us"][t])
             line += (f" | T{t} {committed['us'][t]:.1f} -> {best['us'][t]:.1f} "
                      f"(m{best['config']['block_m']} n{best['config']['block_n']} "
-                     f"w{best['config']['num_warps']})")
+                     f"w{best['config']['num_warps']}; cuBLAS "
+                     f"{reference['cublas_us'][t]:.1f})")
         print(line)
     print("all candidates bitwise equal to the committed tiling:",
-          all(r["bitwise_as_committed"] for rows in results.values() for r in rows))
+          all(r["bitwise_as_committed"] for rows in results.values() for r in rows[1:]))
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(results, indent=1))
     return 0

@@ -852,6 +852,16 @@ PY
   pack_all $1
   mark done
   ;;
+133)
+  # (warm, nothing staged) the 8B GEMMs at the drafter block's rows (16, 32) and a verify's
+  # (64): the committed tilings against other M x N tiles (bitwise the same rows) and
+  # cuBLAS (scripts/gpu/gemm_rows_sweep.py --model qwen3)
+  mark "gemm rows sweep, 8B shapes"
+  timeout 300 python3 scripts/gpu/gemm_rows_sweep.py --model qwen3 --rows 16,32,64 \
+    --json-out "$OUT/gemm_rows_8b.json" 2>&1 | grep -v Warn | tee "$OUT/gemm_rows_8b.txt" | tail -9
+  pack_all $1
+  mark done
+  ;;
 132)
   # (after 0-3 and 130: the target staged) the batch-1 table with the tuned top-K shapes,
   # without them, and with the drafter's GEMMs in cuBLAS; transformers last
