@@ -129,15 +129,17 @@ class MpsServer:
         control = shutil.which(CONTROL, path=env.get("PATH"))
         if control is None:
             raise DDTreeError(f"{CONTROL} is not on PATH")
-        self._daemon = subprocess.Popen(guarded([control, "-f"]), env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        start_new_session=True)
+        # its output in a file (a pipe nobody reads would block a chatty daemon)
+        output = Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "control.out"
+        with output.open("wb") as sink:
+            self._daemon = subprocess.Popen(guarded([control, "-f"]), env=env, stdout=sink,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self._answers(env):
             if self._daemon.poll() is not None:
-                stderr = self._daemon.stderr.read() if self._daemon.stderr else b""
+                said = output.read_text(errors="replace").strip()[-400:]
                 raise DDTreeError(f"{CONTROL} exited with code {self._daemon.returncode}: "
-                                  f"{stderr.decode(errors='replace').strip()[-400:]}")
+                                  f"{said}")
             if time.monotonic() > deadline:
                 raise DDTreeError(f"{CONTROL} did not answer within {READY_TIMEOUT_S:.0f} s")
             time.sleep(0.1)
@@ -187,8 +189,6 @@ class MpsServer:
             except subprocess.TimeoutExpired:
                 daemon.kill()
                 daemon.wait()
-        if daemon is not None and daemon.stderr is not None:
-            daemon.stderr.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
