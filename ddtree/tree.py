@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ddtree.errors import InvalidArgumentError
-from ddtree.kernels import tree_build, vocab_topk
+from ddtree.kernels import log_softmax, tree_build, vocab_topk
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -95,7 +95,8 @@ def build_round_tree(
     after it in one (`ddtree.kernels.tree_build`): the same trees, bitwise."""
     batch, num_levels, vocab = draft_logits.shape
     num_ranks = min(num_nodes, vocab)
-    logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
+    # (B, L, V); on the GPU split along the vocabulary (both tree builds read this tensor)
+    logp = log_softmax.vocab_log_softmax(draft_logits.float())
     if (kernels if topk_kernel is None else topk_kernel) and vocab_topk.supports(vocab,
                                                                                num_ranks):
         rank_tokens = vocab_topk.stable_topk(logp, num_ranks)  # (B, L, K), the same

@@ -817,6 +817,33 @@ PY
   pack_all $1
   mark done
   ;;
+134)
+  # (after 0, or warm) the 8B drafter block with the split log-softmax (the default now)
+  # and without (torch's, one block a row); tokens equal ar's
+  i=0
+  for flags in "" "--no-split-log-softmax" ""; do
+    i=$((i + 1)); mark "shapes8b $flags"
+    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b $flags --target $T \
+      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$i.json"
+  done
+  mark "log-softmax and tree build tests on the GPU"
+  DDTREE_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_log_softmax.py 2>&1 | tail -2
+  pack_all $1
+  mark done
+  ;;
+135)
+  # (after 0-3, carry .carry/g4) the demo's batch-1 table with the split log-softmax and
+  # without (each row's tokens compared with ar's)
+  [ -f $T/config.json ] || stage_target
+  mark "engine_bench speed"
+  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed --target $T --no-hf \
+    --speed-variants "plain,torch log-softmax" --speed-modes ar,linear,tree@16,tree@32 \
+    --humaneval $H 2>&1 | grep -v Warn | tail -8
+  pack_all $1
+  mark done
+  ;;
 130)
   # (after 0-3, carry .carry/g4) `ddtree serve --mps` (auto, the default: the drafter and
   # the verifier share the GPU, so serve starts a private MPS server and runs them as its

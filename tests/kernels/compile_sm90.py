@@ -29,6 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+import ddtree.kernels.log_softmax as log_softmax_module
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.rmsnorm as rmsnorm_module
 import ddtree.kernels.rope as rope_module
@@ -135,6 +136,7 @@ def _launch_all() -> None:
                                    rows.bool(), rows)
     for vocab, k in ((49152, 16), (151936, 64)):  # the demo and Qwen3 vocabularies
         vocab_topk.stable_topk(torch.randn(2, 15, vocab).log_softmax(-1), k)
+    log_softmax_module.log_softmax(torch.randn(2, 15, 151936))  # the drafter's split one
     ints = torch.zeros(3, 9, dtype=torch.long)
     rows = torch.zeros(2, dtype=torch.long)
     for vocab in (49152, 151936):  # the demo and Qwen3 vocabularies: the split argmax
@@ -188,7 +190,7 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
     modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build,
                round_commit,
-               vocab_topk)
+               vocab_topk, log_softmax_module)
     saved = [module.use_pdl for module in modules]
     for module in modules:
         module.use_pdl = lambda tensor: pdl  # type: ignore[assignment]
