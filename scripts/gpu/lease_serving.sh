@@ -820,13 +820,13 @@ PY
 136)
   # (after 0-3, carry .carry/g4) the concurrency curves as a user measures them (`ddtree
   # bench` in process, closed loop: a finished request's worker sends the next at once):
-  # ar and auto at c1, c8, c32, c64, HumanEval x 256 tokens, 5 s of requests a point after
+  # ar and auto at c1, c8, c32, c64, HumanEval x 256 tokens, 4 s of requests a point after
   # one warm-up request per worker; one engine for the whole grid (a server's life). Each
   # sample compared with ar's (the drafter's split log-softmax runs in auto's drafts)
   [ -f $T/config.json ] || stage_target
   mark "curves, continuous load"
   timeout 280 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-    --num-prompts 164 --num-requests 2000 --duration 5 --modes ar,auto \
+    --num-prompts 164 --num-requests 2000 --duration 4 --modes ar,auto \
     --concurrency 1,8,32,64 --max-tokens 256 --no-progress \
     --json-out "$OUT/report_curves.json" 2>&1 | grep -E "humaneval|Error|error" | tail -12
   python3 scripts/gpu/ar_mismatches.py "$OUT/report_curves.json" | tail -2 | cut -c1-300
