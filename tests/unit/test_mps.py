@@ -162,3 +162,64 @@ def test_the_compose_service_idles_or_runs_the_daemon_until_sigterm(
         assert "MPS control daemon started" in output
     else:
         assert "not starting an MPS server: --mps off" in output
+
+
+def _serve_args(tmp_path: Path, *extra: str) -> object:
+    import argparse
+
+    from ddtree.cli import serve
+
+    for name in ("target", "drafter"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    return parser.parse_args(["serve", "--target", str(tmp_path / "target"), "--drafter",
+                              str(tmp_path / "drafter"), "--mode", "tree", *extra])
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_serve_runs_its_children_without_mps_when_the_client_check_fails(
+        mode: str, fake_path: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ddtree serve` on a CUDA device this machine cannot use (the client check fails,
+    as on a GPU another user's MPS server holds): auto hands its children no MPS pipe
+    and says why; on refuses to start. The supervisor is replaced by one that records
+    what it would run."""
+    from ddtree.cli import serve
+    from ddtree.cli.supervisor import Supervisor
+
+    seen: list[Supervisor] = []
+    monkeypatch.setattr(Supervisor, "run", lambda self: seen.append(self) or 0)
+    for key in list(os.environ):
+        if key.startswith("CUDA_MPS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PATH", fake_path["PATH"])
+    args = _serve_args(tmp_path, "--device", "cuda:999", "--mps", mode)
+    if mode == "on":
+        with pytest.raises(DDTreeError, match="could not run under the MPS server"):
+            serve.run(args)
+        return
+    assert serve.run(args) == 0
+    (supervisor,) = seen
+    assert not any(key.startswith("CUDA_MPS_") for key in supervisor.env)
+    assert "under an MPS server" not in supervisor.banner
+    assert "serving without MPS" in capsys.readouterr().out
+    # the drafter, the verifier and the gateway, as without --mps
+    assert [child.name for child in supervisor.children] == ["drafter", "verifier", "gateway"]
+
+
+def test_serve_starts_no_server_where_nothing_shares_a_gpu(
+        fake_path: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ddtree.cli import serve
+    from ddtree.cli.supervisor import Supervisor
+
+    seen: list[Supervisor] = []
+    monkeypatch.setattr(Supervisor, "run", lambda self: seen.append(self) or 0)
+    monkeypatch.setenv("PATH", fake_path["PATH"])
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    for extra in (("--colocate-drafter",), ("--drafter-gpu", "1", "--verifier-gpu", "0")):
+        assert serve.run(_serve_args(tmp_path, "--device", "cuda", *extra)) == 0
+        assert not any(key.startswith("CUDA_MPS_") for key in seen[-1].env)
+        assert "no MPS server: no two processes share a GPU" in capsys.readouterr().out
+    assert not (tmp_path / "commands").exists()  # no daemon was started
