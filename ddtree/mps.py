@@ -223,11 +223,13 @@ def serve_forever(mode: str, device: str, pipe_dir: Path) -> int:
         if daemon.poll() is not None:
             _say(f"{CONTROL} exited with code {daemon.returncode}")
             return daemon.returncode or 1
-    subprocess.run([control], input=b"quit\n", env=env, timeout=QUIT_TIMEOUT_S, check=False)
     try:
+        subprocess.run([control], input=b"quit\n", env=env, timeout=QUIT_TIMEOUT_S,
+                       check=False)
         daemon.wait(timeout=QUIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         daemon.kill()
+        daemon.wait()
     return 0
 
 
