@@ -115,6 +115,9 @@ class MpsServer:
                 raise
             _say(f"serving without MPS: {error}")
             return self
+        except BaseException:  # Ctrl-C while starting: no daemon or directory left behind
+            self._stop()
+            raise
         self.env = env
         _say(f"MPS server up (pipe directory {pipe}); the services run as its clients")
         return self
