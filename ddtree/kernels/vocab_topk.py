@@ -46,6 +46,7 @@ BITONIC_FROM_K = 17  # bitonic top-K (tl.topk) from this K, K max-reduction roun
 # with 4-warp merges (71.2 -> 66.1 at 120 rows), K=32 46.9 -> 22.2 with 2,048-token
 # leaves of 4 warps, K=63 (the 8B's vocab 151,936) 88.6 -> 68.4 with 1,024-token leaves
 # of 2 warps (337.8 -> 297.5 at 120 rows with 4-warp merges alone). Other K keep 512/1/1.
+# In the engine (lease 38, call 131): the 8B drafter block 1.271 -> 1.217 ms.
 SHAPES: dict[int, tuple[tuple[int, int, tuple[int, int]], ...]] = {
     16: ((1 << 30, 512, (1, 4)),),
     32: ((32, 2048, (4, 4)),),
