@@ -99,6 +99,7 @@ class MpsServer:
     env: dict[str, str] = field(default_factory=dict)
     _dir: Path | None = None
     _daemon: subprocess.Popen[bytes] | None = None
+    _daemon_env: dict[str, str] = field(default_factory=dict)  # its pipe, its log
 
     def __enter__(self) -> MpsServer:
         self._dir = Path(tempfile.mkdtemp(prefix="ddtree-mps-"))
@@ -106,9 +107,10 @@ class MpsServer:
         pipe.mkdir()
         log.mkdir()
         env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+        self._daemon_env = {**self.base_env, **env}
         try:
-            self._start({**self.base_env, **env})
-            self._probe({**self.base_env, **env})
+            self._start(self._daemon_env)
+            self._probe(self._daemon_env)
         except DDTreeError as error:
             self._stop()
             if self.required:
@@ -183,10 +185,7 @@ class MpsServer:
     def _stop(self) -> None:
         daemon, self._daemon = self._daemon, None
         if daemon is not None and daemon.poll() is None:
-            env = {**self.base_env, **{
-                "CUDA_MPS_PIPE_DIRECTORY": str(self._dir / "pipe"),
-                "CUDA_MPS_LOG_DIRECTORY": str(self._dir / "log")}} if self._dir else {}
-            self._command("quit", env, timeout_s=QUIT_TIMEOUT_S)
+            self._command("quit", self._daemon_env, timeout_s=QUIT_TIMEOUT_S)
             try:
                 daemon.wait(timeout=QUIT_TIMEOUT_S)
             except subprocess.TimeoutExpired:

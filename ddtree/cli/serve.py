@@ -218,15 +218,14 @@ def run(args: argparse.Namespace) -> int:
             child.is_ready = functools.partial(gateway_ready, f"{gateway_url}/health", child)
         children.append(child)
     env = child_env(args)
-    start_mps, why = decide(args.mps, placement(args, args.verifier_gpu),
-                            shares_gpu(args, drafter), env)
+    device = placement(args, args.verifier_gpu)
+    start_mps, why = decide(args.mps, device, shares_gpu(args, drafter), env)
     if not start_mps:
-        if args.mps != "off" and placement(args, args.verifier_gpu) != "cpu":
+        if args.mps != "off" and device != "cpu":
             say(f"no MPS server: {why}")
         return Supervisor(children, env, args.startup_timeout, args.pid_dir,
                           banner(args, gateway_url, mps=False)).run()
-    with MpsServer(placement(args, args.verifier_gpu), required=args.mps == "on",
-                   base_env=env) as mps:
+    with MpsServer(device, required=args.mps == "on", base_env=env) as mps:
         return Supervisor(children, {**env, **mps.env}, args.startup_timeout, args.pid_dir,
                           banner(args, gateway_url, mps=bool(mps.env))).run()
 

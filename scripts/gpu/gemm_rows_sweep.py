@@ -23,6 +23,7 @@ import torch
 from ddtree.kernels.matmul import LinearConfig
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts
+import gemm_sweep  # noqa: E402
 from gemm_sweep import committed_config, gemm  # noqa: E402
 from tune_linear import graph_us  # noqa: E402
 
@@ -34,16 +35,11 @@ SHAPES = [
     ("down", 576, 1536, None, False),
     ("lm_head", 49152, 576, torch.float32, False),
 ]
-# the Qwen3-8B target's and its drafter's (fc: five target layers' features -> hidden):
-# at T = 16-32 the drafter's block (16 queries, plus the new context rows in its QKV GEMM)
-SHAPES_8B = [
-    ("qwen3.qkv", 6144, 4096, None, False),
-    ("qwen3.o", 4096, 4096, None, False),
-    ("qwen3.gate_up", 24576, 4096, None, False),
-    ("qwen3.down", 4096, 12288, None, False),
-    ("qwen3.lm_head", 151936, 4096, torch.float32, False),
-    ("qwen3.drafter_fc", 4096, 20480, None, False),
-]
+# the Qwen3-8B target's (gemm_sweep's shapes) and its drafter's fc (five target layers'
+# features -> hidden): at T = 16-32 the drafter's block (16 queries, plus the new context
+# rows in its QKV GEMM)
+SHAPES_8B = [(f"qwen3.{name}", *shape) for name, *shape in gemm_sweep.SHAPES] + [
+    ("qwen3.drafter_fc", 4096, 20480, None, False)]
 ROWS = (1, 33, 132, 264)  # the default --rows
 
 

@@ -836,13 +836,7 @@ PY
 134)
   # (after 0, or warm) the 8B drafter block with the split log-softmax (the default now)
   # and without (torch's, one block a row); tokens equal ar's
-  i=0
-  for flags in "" "--no-split-log-softmax" ""; do
-    i=$((i + 1)); mark "shapes8b $flags"
-    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b $flags --target $T \
-      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$i.json"
-  done
+  shapes8b_runs - no-split-log-softmax -
   mark "log-softmax and tree build tests on the GPU"
   DDTREE_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_log_softmax.py 2>&1 | tail -2
@@ -885,13 +879,7 @@ PY
   # (warm, or after 0 alone: random 8B weights, no target) the 8B drafter block with the
   # tuned top-K tournament shapes (the default now), without them, and with the drafter's
   # GEMMs in cuBLAS (not batch invariant: only the drafts may change); tokens equal ar's
-  i=0
-  for flags in "" "--no-topk-shapes" "--drafter-cublas"; do
-    i=$((i + 1)); mark "shapes8b $flags"
-    timeout 110 python3 scripts/gpu/engine_bench.py --stages shapes8b $flags --target $T \
-      --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_$i.json"
-  done
+  shapes8b_runs - no-topk-shapes drafter-cublas
   pack_all $1
   mark done
   ;;
