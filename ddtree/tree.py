@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ddtree.errors import InvalidArgumentError
-from ddtree.kernels import log_softmax, tree_build, vocab_topk
+from ddtree.kernels import tree_build, vocab_topk
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -66,9 +66,9 @@ def build_tree(
     batch, num_levels, vocab = draft_logits.shape
     assert bonus.shape == (batch,), f"bonus {tuple(bonus.shape)}, expected ({batch},)"
     num_ranks = _check_budget(budget, max_topk, num_levels, vocab)
-    logp = torch.log_softmax(draft_logits.float(), dim=-1)  # (B, L, V)
-    rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K) most probable first
-    rank_logp = logp.gather(-1, rank_tokens)  # (B, L, K)
+    logits = draft_logits.float()
+    rank_tokens, lse = _ranks(logits, num_ranks, kernel=False)  # (B, L, K), (B, L)
+    rank_logp = rank_log_probs(logits, rank_tokens, lse)  # (B, L, K)
     widths = _beam_widths(budget, num_ranks, num_levels)
     scores, tokens, parents, depth = _beam_union(rank_logp, rank_tokens, widths)  # (B, U) ...
     node_scores, pick = _top_sorted(scores, budget)  # (B, N): by score, depth, beam position
@@ -90,36 +90,38 @@ def build_round_tree(
     nodes are exactly `build_tree(..., budget[b], max_topk[b])`'s nodes (or the chain plus
     the best others); nodes past them are padding (`valid` False, parent the root).
     Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L.
-    With `kernels` the vocabulary's top-K runs in two Triton kernels
-    (`ddtree.kernels.vocab_topk`; `topk_kernel` False keeps torch.topk) and everything
-    after it in one (`ddtree.kernels.tree_build`): the same trees, bitwise."""
+    The tree needs each depth's top-K tokens and their log-probabilities alone (logit -
+    log-sum-exp: `rank_log_probs`), never the (B, L, V) log-softmax. With `kernels` the
+    vocabulary's top-K and the log-sum-exp run in the same few Triton kernels
+    (`ddtree.kernels.vocab_topk`; `topk_kernel` False keeps torch.topk and
+    torch.logsumexp) and everything after them in one (`ddtree.kernels.tree_build`): the
+    same trees as the PyTorch path over the same log-sum-exp, bitwise (the kernels' own
+    log-sum-exp agrees with torch's to float32 rounding)."""
     batch, num_levels, vocab = draft_logits.shape
     num_ranks = min(num_nodes, vocab)
-    # (B, L, V); on the GPU split along the vocabulary (both tree builds read this tensor)
-    logp = log_softmax.vocab_log_softmax(draft_logits.float())
-    if (kernels if topk_kernel is None else topk_kernel) and vocab_topk.supports(vocab,
-                                                                               num_ranks):
-        rank_tokens = vocab_topk.stable_topk(logp, num_ranks)  # (B, L, K), the same
-    else:
-        rank_tokens = _stable_topk(logp, num_ranks)  # (B, L, K)
+    logits = draft_logits.float()
+    rank_tokens, lse = _ranks(logits, num_ranks,  # (B, L, K), (B, L)
+                              kernel=kernels if topk_kernel is None else topk_kernel)
     widths = _beam_widths(num_nodes, num_ranks, num_levels)
     if kernels and tree_build.supports(num_nodes, num_ranks, widths):
         tokens, parents, depth, valid, scores = tree_build.tree_from_ranks(
-            logp, rank_tokens, bonus, widths, num_nodes, budget, force_chain, max_topk)
+            logits, lse, rank_tokens, bonus, widths, num_nodes, budget, force_chain, max_topk)
         return DraftTree(tokens, parents, depth, scores=scores, valid=valid)
-    rank = torch.arange(num_ranks, device=logp.device)
+    device = logits.device
+    rank = torch.arange(num_ranks, device=device)
     capped = (max_topk[:, None] > 0) & (rank[None, :] >= max_topk[:, None])  # (B, K)
-    rank_logp = logp.gather(-1, rank_tokens).masked_fill(capped[:, None, :], float("-inf"))
+    rank_logp = rank_log_probs(logits, rank_tokens, lse).masked_fill(capped[:, None, :],
+                                                                     float("-inf"))
     scores, tokens, parents, depth = _beam_union(rank_logp, rank_tokens, widths)  # (B, U)
     order = scores.sort(dim=-1, descending=True, stable=True).indices  # (B, U)
     # The chain's entry of each depth is the first of its beam (the best prefix of a
     # factorised distribution takes the top token at every depth).
-    is_chain = _chain_entries(widths, logp.device)  # (U,)
+    is_chain = _chain_entries(widths, device)  # (U,)
     first = (force_chain[:, None] & is_chain[None, :]).gather(1, order)  # (B, U)
     order = order.gather(1, first.byte().sort(dim=-1, descending=True, stable=True).indices)
     pick = order[:, :num_nodes]  # (B, N)
     tree = _assemble(bonus, pick, scores.gather(1, pick), tokens, parents, depth)
-    index = torch.arange(1, num_nodes + 1, device=logp.device)
+    index = torch.arange(1, num_nodes + 1, device=device)
     assert tree.scores is not None
     real = (index[None, :] <= budget[:, None]) & (tree.scores[:, 1:] > float("-inf"))
     valid = torch.cat([torch.ones_like(real[:, :1]), real], dim=1)  # (B, 1+N)
@@ -255,23 +257,66 @@ def _candidate_pairs(
 def _top_sorted(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest of values (B, M), largest first, ties to the lower index; and their
     indices. torch.topk leaves the order of ties unspecified, a stable sort does not (and
-    on these short candidate lists it is also faster). Scores are sums of log-softmax
-    outputs, which are never -0.0, so the sort's -0.0 < 0.0 cannot split a tie."""
+    on these short candidate lists it is also faster). Scores are sums of
+    `rank_log_probs`, which are never -0.0, so the sort's -0.0 < 0.0 cannot split a tie."""
     ordered, index = values.sort(dim=-1, descending=True, stable=True)
     return ordered[:, :k], index[:, :k]
 
 
-def _stable_topk(logp: Tensor, k: int) -> Tensor:
-    """Indices of the k largest log-probabilities along the last dim of a float32 logp
-    (..., V), largest first, ties to the lower token id.
+# The fused top-K's log-sum-exp (`vocab_topk.topk_logsumexp`) where it runs; False:
+# torch.logsumexp beside it (benchmarks' A/B: an extra pass over the logits, as the
+# log-softmax that went before it was).
+_fused_lse = True
+
+
+def set_fused_lse(enabled: bool) -> bool:
+    """Turns the top-K kernels' own log-sum-exp on or off for launches from now on;
+    returns the old setting. CUDA graphs keep what they captured."""
+    global _fused_lse
+    previous, _fused_lse = _fused_lse, bool(enabled)
+    return previous
+
+
+def _ranks(logits: Tensor, num_ranks: int, kernel: bool) -> tuple[Tensor, Tensor]:
+    """logits (B, L, V) float32 -> each depth's num_ranks most probable tokens (B, L, K),
+    most probable first, ties to the lower id (the log-softmax is monotone: the logits'
+    order), and each depth's log-sum-exp (B, L). `kernel`: the vocabulary top-K kernels
+    where they take the shape (their log-sum-exp too, from the same pass), else torch."""
+    if kernel and vocab_topk.supports(logits.shape[-1], num_ranks):
+        rank_tokens, lse = vocab_topk.topk_logsumexp(logits, num_ranks)
+        if not _fused_lse:
+            lse = torch.logsumexp(logits, dim=-1)
+        return rank_tokens, lse
+    return _stable_topk(logits, num_ranks), torch.logsumexp(logits, dim=-1)
+
+
+def rank_log_probs(logits: Tensor, rank_tokens: Tensor, lse: Tensor) -> Tensor:
+    """The draft log-probabilities of the ranked tokens (B, L, K): logit - log-sum-exp in
+    float32, 0.0 for -0.0 (a tie must not split on the sign of a zero); the tree build
+    kernel computes the same, bitwise."""
+    logp = logits.gather(-1, rank_tokens) - lse[..., None]
+    return torch.where(logp == 0, 0.0, logp)
+
+
+def draft_log_probs(logits: Tensor) -> Tensor:
+    """The whole (..., V) of `rank_log_probs`' values on the CPU's path (torch's
+    log-sum-exp): what tests/unit/heap_reference.py scores prefixes with."""
+    logp = logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+    return torch.where(logp == 0, 0.0, logp)
+
+
+def _stable_topk(x: Tensor, k: int) -> Tensor:
+    """Indices of the k largest values along the last dim of a float32 x (..., V),
+    largest first, ties to the lower index (-0.0 ties 0.0).
 
     Over the whole vocabulary a sort is too slow, and torch.topk picks among ties as it
-    likes. So rank a unique int64 key instead: the IEEE bits of |x| (monotone for x <= 0,
-    and log-softmax never returns x > 0) then the token id.
+    likes. So rank a unique int64 key instead: the IEEE bits of x made monotone as an
+    unsigned 32-bit number (sign-magnitude to an order), times V, plus the reversed index.
     """
-    size = logp.shape[-1]
-    magnitude = logp.view(torch.int32) & 0x7FFFFFFF  # -0.0 and 0.0 both map to 0
-    key = _reversed_index(size, logp.device).sub(magnitude, alpha=size)  # (..., V) int64
+    size = x.shape[-1]
+    bits = torch.where(x == 0, 0.0, x).view(torch.int32)
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).long() + (1 << 31)
+    key = _reversed_index(size, x.device).add(ordered, alpha=size)  # (..., V) int64
     return key.topk(k, dim=-1).indices
 
 

@@ -15,11 +15,11 @@ takes the first N and remaps parents to node indices. (Loading each depth's toke
 their log-probabilities, then the previous beam from scratch, one after another, cost
 2.2 us more at 16 nodes and 28 us more at 63 on the H200: lease 34.)
 
-Every score is the same float32 sum as in PyTorch (the depth's log-probability added to
-the parent's score, in the same order) and every order is the same total order, so the
-trees are bitwise those of `build_round_tree` (tests/kernels/test_tree_build.py). The
-vocabulary part is the log-softmax (PyTorch) and the stable top-K over the vocabulary
-(`ddtree.kernels.vocab_topk`, or torch.topk beyond its K).
+Every score is the same float32 sum as in PyTorch (the depth's log-probability, logit -
+log-sum-exp, added to the parent's score, in the same order) and every order is the same
+total order, so the trees are bitwise those of `build_round_tree`
+(tests/kernels/test_tree_build.py). The vocabulary part is the stable top-K and the
+log-sum-exp over the vocabulary (`ddtree.kernels.vocab_topk`, or torch beyond its K).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _index_of(key):
 
 @triton.jit
 def _tree_build_kernel(
-    logp_ptr, rank_tokens_ptr, bonus_ptr, budget_ptr, force_ptr, max_topk_ptr,
+    logits_ptr, lse_ptr, rank_tokens_ptr, bonus_ptr, budget_ptr, force_ptr, max_topk_ptr,
     cand_parent_ptr, cand_rank_ptr, widths_ptr, starts_ptr, union_depth_ptr, union_chain_ptr,
     s_score_ptr, s_token_ptr, s_parent_ptr, s_node_ptr, s_key_ptr,
     tokens_ptr, parents_ptr, depth_ptr, valid_ptr, scores_ptr,
@@ -69,7 +69,7 @@ def _tree_build_kernel(
     budget = tl.load(budget_ptr + row)
     force = tl.load(force_ptr + row) != 0
     max_topk = tl.load(max_topk_ptr + row)
-    logp_row = logp_ptr + row * stride_lb
+    logits_row = logits_ptr + row * stride_lb
     tokens_row = rank_tokens_ptr + row * stride_tb
     s_score = s_score_ptr + row * U_PAD
     s_token = s_token_ptr + row * U_PAD
@@ -89,7 +89,12 @@ def _tree_build_kernel(
     ranks = tl.arange(0, K_PAD)[None, :]  # (1, K_PAD)
     rank_ok = (lv < NUM_LEVELS) & (ranks < NUM_RANKS)
     all_token = tl.load(tokens_row + lv * stride_tl + ranks, mask=rank_ok, other=0)
-    all_logp = tl.load(logp_row + lv * stride_ll + all_token, mask=rank_ok, other=neg_inf)
+    # Their log-probabilities: logit - the depth's log-sum-exp (`rank_log_probs`), 0.0
+    # for -0.0.
+    lse = tl.load(lse_ptr + row * NUM_LEVELS + lv, mask=lv < NUM_LEVELS, other=0.0)
+    all_logp = tl.load(logits_row + lv * stride_ll + all_token, mask=rank_ok,
+                       other=neg_inf) - lse
+    all_logp = tl.where(all_logp == 0.0, 0.0, all_logp)
     all_logp = tl.where((max_topk > 0) & (ranks >= max_topk), neg_inf, all_logp)
     all_logp_bits = all_logp.to(tl.int32, bitcast=True)  # a row picked exactly by int sums
     widths = tl.load(widths_ptr + levels, mask=levels < NUM_LEVELS, other=0)
@@ -209,22 +214,26 @@ def _tables(num_ranks: int, widths: tuple[int, ...], device: torch.device
     return tables, num_union, m_pad, _pow2(max(widths))
 
 
-def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tuple[int, ...],
-                    num_nodes: int, budget: Tensor, force_chain: Tensor, max_topk: Tensor,
-                    num_warps: int = 4) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """logp: (B, L, V) float32 log-probabilities with contiguous rows; rank_tokens: (B, L, K)
-    int64, each depth's top K tokens (most probable first, ties to the lower id); widths:
+def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Tensor,
+                    widths: tuple[int, ...], num_nodes: int, budget: Tensor,
+                    force_chain: Tensor, max_topk: Tensor, num_warps: int = 4
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """logits: (B, L, V) float32 with contiguous rows; lse: (B, L) float32 their
+    log-sum-exp; rank_tokens: (B, L, K) int64, each depth's top K tokens (most probable
+    first, ties to the lower id); widths:
     the beam width of each depth (ddtree.tree._beam_widths(N, K, L)); bonus, budget,
     max_topk: (B,) int64; force_chain: (B,) bool.
     -> tokens, parents, depth (B, 1+N) int64, valid (B, 1+N) bool, scores (B, 1+N) float32:
     `build_round_tree`'s tree (which see for the rules). num_warps: the program's (4:
     scripts/gpu/tree_build_bench.py timed 1 and 2 slower above 16 nodes)."""
-    batch, num_levels, _ = logp.shape
+    batch, num_levels, _ = logits.shape
     num_ranks = rank_tokens.shape[2]
-    assert logp.dtype == torch.float32 and logp.stride(2) == 1, (logp.dtype, logp.stride())
+    assert logits.dtype == torch.float32 and logits.stride(2) == 1, (logits.dtype,
+                                                                     logits.stride())
+    assert lse.shape == (batch, num_levels) and lse.dtype == torch.float32, lse.shape
     assert rank_tokens.shape[:2] == (batch, num_levels) and rank_tokens.stride(2) == 1
     assert len(widths) == num_levels and supports(num_nodes, num_ranks, widths), widths
-    device = logp.device
+    device = logits.device
     tables, num_union, m_pad, w_pad = _tables(num_ranks, widths, device)
     u_pad, n_pad = _pow2(num_union), _pow2(num_nodes)
     key_pad = max(m_pad, u_pad)
@@ -239,13 +248,14 @@ def tree_from_ranks(logp: Tensor, rank_tokens: Tensor, bonus: Tensor, widths: tu
     depth = torch.empty(shape, dtype=torch.int64, device=device)
     valid = torch.empty(shape, dtype=torch.bool, device=device)
     scores = torch.empty(shape, dtype=torch.float32, device=device)
-    pdl = use_pdl(logp)
+    pdl = use_pdl(logits)
     _tree_build_kernel[(batch,)](
-        logp, rank_tokens, bonus.long().contiguous(), budget.long().contiguous(),
-        force_chain.contiguous(), max_topk.long().contiguous(), *tables,
+        logits, lse.contiguous(), rank_tokens, bonus.long().contiguous(),
+        budget.long().contiguous(), force_chain.contiguous(), max_topk.long().contiguous(),
+        *tables,
         s_score, s_token, s_parent, s_node, s_key,
         tokens, parents, depth, valid, scores,
-        logp.stride(0), logp.stride(1), rank_tokens.stride(0), rank_tokens.stride(1),
+        logits.stride(0), logits.stride(1), rank_tokens.stride(0), rank_tokens.stride(1),
         num_union, NUM_LEVELS=num_levels, L_PAD=_pow2(num_levels), NUM_RANKS=num_ranks,
         K_PAD=_pow2(num_ranks), NUM_NODES=num_nodes,
         M_PAD=m_pad, W_PAD=w_pad, U_PAD=u_pad, N_PAD=n_pad, KEY_PAD=key_pad, USE_PDL=pdl,

@@ -1,6 +1,6 @@
-"""The drafter's top-K over the vocabulary in small one-warp kernels: the K most probable
-tokens of every (row, depth), most probable first, ties to the lower token id - exactly
-`ddtree.tree._stable_topk`'s answer.
+"""The drafter's top-K over the vocabulary in small one-warp kernels: the K largest logits
+of every (row, depth), largest first, ties to the lower token id - exactly
+`ddtree.tree._stable_topk`'s answer - and each row's log-sum-exp, in the same passes.
 
 `_stable_topk` ranks a unique int64 key with `torch.topk`, whose radix select makes eight
 passes over 64-bit keys (three kernels each, plus the key's own elementwise kernel): on the
@@ -9,9 +9,16 @@ call 47: the drafter's top-K was the third cost that grows with the batch). Here
 tournament of one-warp programs (a warp reduces with shuffles alone, no shared memory):
 
 1. `_leaf_topk_kernel`, one program per (row, LEAF_CHUNK tokens): the chunk's best
-   next_power_of_2(K) keys, in registers;
+   next_power_of_2(K) keys, in registers, and the chunk's max m and sum(exp(x - m));
 2. `_merge_topk_kernel`, one program per (row, MERGE_CHUNK winners), as many levels as it
-   takes to leave one list: the best of its candidates; the last level writes token ids.
+   takes to leave one list: the best of its candidates; the last level writes token ids
+   and the row's log-sum-exp from its leaves' partials (in leaf order: one row's value
+   never depends on the batch).
+
+The tree needs the log-probabilities of the K winners only: logit - log-sum-exp (the
+log-softmax is monotone, so its top K are the logits' top K). So no (rows, V) tensor of
+log-probabilities is written or read again: at the 8B shapes (15 x 151,936) PyTorch's
+log-softmax kernel, one block a row, was 42 us of a 1.22 ms drafter block (lease 37).
 
 Inside a program the selection is K rounds of a max-reduction below BITONIC_FROM_K, and
 Triton's bitonic top-K (tl.topk) from there: on the H200 (lease 14, graph replay, 15 depths
@@ -19,11 +26,11 @@ x 49,152 tokens) K = 16 took 21.0 us by rounds and 35.8 bitonic, K = 63 87.6 and
 against torch.topk's 98.7 and 104.5 (71 / 87 against 273 at 120 rows for K = 16). Beyond
 MAX_K torch.topk stays (a first version ran K = 127 slower than it).
 
-The key of token i with log-probability x is `-1 - (bits(|x|) * V + i)` (int64, padding
-INT64_MIN): descending key order is |x| ascending (x descending, log-softmax never exceeds
-0; -0.0 and 0.0 tie), then the token id ascending - the order `_stable_topk`'s key gives,
-so the same tokens in the same order (tests/kernels/test_vocab_topk.py, ties and -inf
-included).
+The key of token i with logit x is `ordered(x) * V + (V - 1 - i)` (int64, padding
+INT64_MIN), ordered(x) the float's bits made monotone as an unsigned 32-bit number (-0.0
+taken as 0.0): descending key order is x descending, then the token id ascending - the
+order `_stable_topk`'s key gives, so the same tokens in the same order
+(tests/kernels/test_vocab_topk.py, ties, signed zeros and -inf included).
 """
 
 from __future__ import annotations
@@ -91,7 +98,16 @@ def _best(keys, K: tl.constexpr, K_PAD: tl.constexpr, BITONIC: tl.constexpr):
 
 
 @triton.jit
-def _leaf_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, stride_row,
+def _ordered_key(x, token, vocab):
+    """x's unique int64 key (larger is better): the float32's bits made monotone as an
+    unsigned 32-bit number (-0.0 taken as 0.0), times V, plus V - 1 - token."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+    return ordered * vocab + (vocab - 1 - token)
+
+
+@triton.jit
+def _leaf_topk_kernel(x_ptr, keys_ptr, part_ptr, vocab, num_chunks, stride_row,
                       CHUNK: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
                       BITONIC: tl.constexpr, USE_PDL: tl.constexpr = False):
     wait_for_inputs(USE_PDL)
@@ -99,20 +115,25 @@ def _leaf_topk_kernel(logp_ptr, keys_ptr, vocab, num_chunks, stride_row,
     chunk = tl.program_id(1)
     token = chunk * CHUNK + tl.arange(0, CHUNK)
     inside = token < vocab
-    logp = tl.load(logp_ptr + row * stride_row + token, mask=inside, other=0.0)
-    magnitude = (logp.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-    # larger is better: -1 - (bits(|x|) * V + i) (the key's one's complement)
-    keys = tl.where(inside, -1 - (magnitude * vocab + token), -9223372036854775808)
+    x = tl.load(x_ptr + row * stride_row + token, mask=inside, other=float("-inf"))
+    # The chunk's part of the row's log-sum-exp: its max and sum(exp(x - max)).
+    m = tl.max(x, axis=0)
+    safe = tl.where(m == float("-inf"), 0.0, m)  # a chunk of -inf alone: sum 0, no NaN
+    part = part_ptr + (row * num_chunks + chunk) * 2
+    tl.store(part, m)
+    tl.store(part + 1, tl.sum(tl.exp(x - safe), axis=0))
+    keys = tl.where(inside, _ordered_key(x, token, vocab), -9223372036854775808)
     slots = tl.arange(0, K_PAD)
     tl.store(keys_ptr + (row * num_chunks + chunk) * K_PAD + slots,
              _best(keys, K, K_PAD, BITONIC))
 
 
 @triton.jit
-def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, num_chunks,
+def _merge_topk_kernel(keys_ptr, out_ptr, part_ptr, lse_ptr, vocab, num_candidates,
+                       num_chunks, num_leaves,
                        CHUNK: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
                        BITONIC: tl.constexpr, FINAL: tl.constexpr,
-                       USE_PDL: tl.constexpr = False):
+                       PARTS_PAD: tl.constexpr, USE_PDL: tl.constexpr = False):
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -121,8 +142,18 @@ def _merge_topk_kernel(keys_ptr, out_ptr, vocab, num_candidates, num_chunks,
                    other=-9223372036854775808)
     picked = _best(keys, K, K_PAD, BITONIC)
     slots = tl.arange(0, K_PAD)
-    if FINAL:  # -1 - key >= 0: its remainder is the token id
-        tl.store(out_ptr + row * K + slots, (-1 - picked) % vocab, mask=slots < K)
+    if FINAL:  # key % V = V - 1 - token
+        tl.store(out_ptr + row * K + slots, vocab - 1 - picked % vocab, mask=slots < K)
+        # The row's log-sum-exp from its leaves' (max, sum) pairs, in leaf order.
+        parts = tl.arange(0, PARTS_PAD)
+        inside = parts < num_leaves
+        base = part_ptr + (row * num_leaves + parts) * 2
+        m = tl.load(base, mask=inside, other=float("-inf"))
+        s = tl.load(base + 1, mask=inside, other=0.0)
+        top = tl.max(m, axis=0)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        scaled = tl.where(m == float("-inf"), 0.0, s * tl.exp(m - safe))
+        tl.store(lse_ptr + row, safe + tl.log(tl.sum(scaled, axis=0)))
     else:
         tl.store(out_ptr + (row * num_chunks + chunk) * K_PAD + slots, picked)
 
@@ -146,46 +177,57 @@ def levels(vocab: int, k: int, leaf_chunk: int | None = None) -> list[tuple[int,
 
 def supports(vocab: int, k: int) -> bool:
     """Whether the kernels take this top-K: 1 <= k <= MAX_K, k <= vocab, and the key
-    bits(|x|) * V + i fits an int64."""
+    ordered(x) * V + V - 1 - i fits an int64."""
     return 1 <= k <= min(MAX_K, vocab) and vocab < (1 << 31)
 
 
-def stable_topk(logp: Tensor, k: int, bitonic: bool | None = None,
-                leaf_chunk: int | None = None, warps: tuple[int, int] | None = None) -> Tensor:
+def topk_logsumexp(x: Tensor, k: int, bitonic: bool | None = None,
+                   leaf_chunk: int | None = None, warps: tuple[int, int] | None = None
+                   ) -> tuple[Tensor, Tensor]:
     """Indices (..., k) int64 of the k largest values along the last dim of a float32
-    logp (..., V) of log-probabilities (<= 0), largest first, ties to the lower index:
-    `ddtree.tree._stable_topk`, bitwise. Static shapes, no host sync (CUDA graphs).
+    x (..., V), largest first, ties to the lower index (`ddtree.tree._stable_topk`,
+    bitwise), and log(sum(exp(x))) along it (..., ) float32 (torch.logsumexp to float32
+    rounding: another order of the sums). Static shapes, no host sync (CUDA graphs).
     `bitonic`: the selection (default: from BITONIC_FROM_K; else K max-reduction rounds).
     `leaf_chunk` (a power of two >= next_power_of_2(k)) and `warps` (a leaf program's, a
     merge program's): the tournament's shape (default: `shape`; any gives the same tokens,
     the keys are unique; tests/kernels/bench_vocab_topk.py sweeps them)."""
-    assert logp.dtype == torch.float32, logp.dtype
-    vocab = logp.shape[-1]
+    assert x.dtype == torch.float32, x.dtype
+    vocab = x.shape[-1]
     assert supports(vocab, k), (vocab, k)
-    rows = logp.reshape(-1, vocab)
+    rows = x.reshape(-1, vocab)
     if rows.stride(1) != 1:
         rows = rows.contiguous()
-    num_rows = rows.shape[0]
-    out = torch.empty((*logp.shape[:-1], k), dtype=torch.int64, device=logp.device)
+    num_rows, device = rows.shape[0], x.device
+    out = torch.empty((*x.shape[:-1], k), dtype=torch.int64, device=device)
+    lse = torch.empty(x.shape[:-1], dtype=torch.float32, device=device)
     if num_rows == 0:
-        return out
+        return out, lse
     if leaf_chunk is None or warps is None:
         default_chunk, default_warps = shape(k, num_rows)
         leaf_chunk, warps = leaf_chunk or default_chunk, warps or default_warps
     (num_leaves, leaf), *merges = levels(vocab, k, leaf_chunk)
-    pdl, k_pad = use_pdl(logp), triton.next_power_of_2(k)
+    pdl, k_pad = use_pdl(x), triton.next_power_of_2(k)
     bitonic = k >= BITONIC_FROM_K if bitonic is None else bitonic
-    keys = torch.empty((num_rows, num_leaves, k_pad), dtype=torch.int64, device=logp.device)
+    keys = torch.empty((num_rows, num_leaves, k_pad), dtype=torch.int64, device=device)
+    parts = torch.empty((num_rows, num_leaves, 2), dtype=torch.float32, device=device)
     _leaf_topk_kernel[(num_rows, num_leaves)](
-        rows, keys, vocab, num_leaves, rows.stride(0), CHUNK=leaf, K=k, K_PAD=k_pad,
+        rows, keys, parts, vocab, num_leaves, rows.stride(0), CHUNK=leaf, K=k, K_PAD=k_pad,
         BITONIC=bitonic, USE_PDL=pdl, num_warps=warps[0], **launch_kwargs(pdl))
     for num_chunks, chunk in merges:
         final = num_chunks == 1
         dest = out if final else torch.empty((num_rows, num_chunks, k_pad), dtype=torch.int64,
-                                             device=logp.device)
+                                             device=device)
         _merge_topk_kernel[(num_rows, num_chunks)](
-            keys, dest, vocab, keys.shape[1] * k_pad, num_chunks, CHUNK=chunk, K=k,
-            K_PAD=k_pad, BITONIC=bitonic, FINAL=final, USE_PDL=pdl, num_warps=warps[1],
-            **launch_kwargs(pdl))
+            keys, dest, parts, lse, vocab, keys.shape[1] * k_pad, num_chunks, num_leaves,
+            CHUNK=chunk, K=k, K_PAD=k_pad, BITONIC=bitonic, FINAL=final,
+            PARTS_PAD=triton.next_power_of_2(num_leaves) if final else 1, USE_PDL=pdl,
+            num_warps=warps[1], **launch_kwargs(pdl))
         keys = dest
-    return out
+    return out, lse
+
+
+def stable_topk(x: Tensor, k: int, bitonic: bool | None = None,
+                leaf_chunk: int | None = None, warps: tuple[int, int] | None = None) -> Tensor:
+    """`topk_logsumexp`'s indices alone."""
+    return topk_logsumexp(x, k, bitonic, leaf_chunk, warps)[0]

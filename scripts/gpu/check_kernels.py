@@ -45,7 +45,7 @@ from ddtree.kernels.tree_attention import (  # noqa: E402
     tree_attention_reference,
     tree_attention_tiled,
 )
-from ddtree.kernels.vocab_topk import stable_topk  # noqa: E402
+from ddtree.kernels.vocab_topk import topk_logsumexp  # noqa: E402
 from ddtree.tree import _stable_topk  # noqa: E402
 from tests.kernels import (  # noqa: E402
     bench_matmul,
@@ -375,20 +375,22 @@ def check_silu_mul(report: Report, device: torch.device, quick: bool) -> None:
 
 
 def check_vocab_topk(report: Report, device: torch.device, quick: bool) -> None:
-    """The drafter's vocabulary top-K: the tokens and order of `_stable_topk` (ties to the
-    lower id: integer logits tie by the thousand), one row alone as in the batch."""
+    """The drafter's vocabulary top-K over the logits: the tokens and order of
+    `_stable_topk` (ties to the lower id: integer logits tie by the thousand), one row
+    alone as in the batch; the log-sum-exp from the same passes against torch's."""
     for vocab in (700,) if quick else (49152, 151936):
         for k in (16,) if quick else (16, 64):
             name = f"vocab_topk V={vocab} K={k}"
-            logits = torch.randn(*((4, 1) if quick else (8, 15)), vocab, device=device)
+            logits = 4 * torch.randn(*((4, 1) if quick else (8, 15)), vocab, device=device)
             for label, values in (("random", logits), ("ties", logits.round().clamp(-2, 2))):
-                logp = values.log_softmax(-1)
                 for bitonic in (True, False):
                     case = f"{name} {label}{'' if bitonic else ' rounds'}"
-                    got = stable_topk(logp, k, bitonic)
-                    check_equal(report, f"{case} == torch", got, _stable_topk(logp, k))
-                    check_equal(report, f"{case} row alone", stable_topk(logp[3:4], k, bitonic),
-                                got[3:4])
+                    got, lse = topk_logsumexp(values, k, bitonic)
+                    check_equal(report, f"{case} == torch", got, _stable_topk(values, k))
+                    check_equal(report, f"{case} row alone",
+                                topk_logsumexp(values[3:4], k, bitonic)[0], got[3:4])
+                    check_close(report, f"{case} logsumexp", lse,
+                                torch.logsumexp(values, dim=-1), 1e-5)
 
 
 # ---------------------------------------------------------------------------------------

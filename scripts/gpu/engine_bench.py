@@ -48,7 +48,6 @@ from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
 from ddtree.kernels.launch import set_pdl, set_prefetch
-from ddtree.kernels.log_softmax import set_enabled as set_split_log_softmax
 from ddtree.kernels.tree_attention import set_query_groups, set_wide_stages
 from ddtree.kernels.vocab_topk import set_shapes as set_topk_shapes
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
@@ -56,6 +55,7 @@ from ddtree.models.target import TargetModel
 from ddtree.models.target_config import TargetConfig
 from ddtree.runtime import load_pair
 from ddtree.sampling import SamplingParams
+from ddtree.tree import set_fused_lse
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 SPECS = {
@@ -267,8 +267,9 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # drafter's new context rows appended before the block, not in its QKV GEMMs
     # (Backend.context_in_block off); "plain top-K shapes" the vocabulary top-K's
     # tournament in one-warp 512-token programs everywhere (vocab_topk.set_shapes);
-    # "torch log-softmax" the drafter's log-softmax in PyTorch's kernel (one block a row)
-    # instead of ddtree.kernels.log_softmax's split rows;
+    # "torch logsumexp" the drafter's log-sum-exp in torch.logsumexp (one block a row:
+    # a pass over the logits, as the log-softmax before it) instead of from the
+    # vocabulary top-K's own passes (ddtree.tree.set_fused_lse);
     # "drafter cuBLAS" the drafter's GEMMs in cuBLAS (not batch invariant: the drafts
     # may change with the batch, the target's tokens may not);
     # "PyTorch tree"
@@ -292,7 +293,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                  ("ar", "linear", "tree@16", "tree@32", "shadow@16")),
                 (" (plain top-K shapes)", True, False, True, True, True, True,
                  ("ar", "tree@16", "tree@32")),
-                (" (torch log-softmax)", True, False, True, True, True, True,
+                (" (torch logsumexp)", True, False, True, True, True, True,
                  ("ar", "tree@16", "tree@32")),
                 (" (drafter cuBLAS)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32")),
@@ -316,7 +317,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         launches_before = set_pdl(pdl), set_prefetch(prefetch)
         groups_before = set_query_groups(kind != "no query groups")
         shapes_before = set_topk_shapes(kind != "plain top-K shapes")
-        split_before = set_split_log_softmax(kind != "torch log-softmax")
+        lse_before = set_fused_lse(kind != "torch logsumexp")
         engine = build_engine(target, drafter, EngineConfig(
             max_num_seqs=4, max_model_len=2048, invariant=invariant, fused_prologues=fused,
             fast_ar=fast_ar, swiglu_epilogue=epilogue,
@@ -345,7 +346,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         set_prefetch(launches_before[1])
         set_query_groups(groups_before)
         set_topk_shapes(shapes_before)
-        set_split_log_softmax(split_before)
+        set_fused_lse(lse_before)
     if args.hf:
         rows["hf static cache"] = {"tok_s": round(hf_static(args, prompts), 1)}
         print(f"{'hf static cache':>18}: {rows['hf static cache']['tok_s']:8.1f} tok/s",
@@ -509,7 +510,7 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     set_wide_stages(args.wide_stages)
     set_query_groups(args.query_groups)
     set_topk_shapes(args.topk_shapes)
-    set_split_log_softmax(args.split_log_softmax)
+    set_fused_lse(args.fused_lse)
     target, drafter = build_8b()
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     # a step reads one row of the embedding table, not all of it
@@ -521,7 +522,7 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                             "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3),
                             "wide_stages": args.wide_stages, "query_groups": args.query_groups,
                             "topk_shapes": args.topk_shapes,
-                            "split_log_softmax": args.split_log_softmax}
+                            "fused_lse": args.fused_lse}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64,
                                                         swiglu_epilogue=args.epilogue,
@@ -640,9 +641,9 @@ def main(argv: list[str]) -> int:
                         help="exact stage: the drafter's tree-attention tiling, e.g. 64/2/2")
     parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                         help="speed stage: transformers' static-cache generate last")
-    parser.add_argument("--split-log-softmax", action=argparse.BooleanOptionalAction,
-                        default=True, help="shapes8b: the drafter's log-softmax split along "
-                        "the vocabulary (ddtree.kernels.log_softmax; A/B)")
+    parser.add_argument("--fused-lse", action=argparse.BooleanOptionalAction,
+                        default=True, help="shapes8b: the drafter's log-sum-exp from the "
+                        "vocabulary top-K's passes (else torch.logsumexp; A/B)")
     parser.add_argument("--drafter-cublas", action=argparse.BooleanOptionalAction,
                         default=False, help="shapes8b: the drafter's GEMMs in cuBLAS (A/B)")
     parser.add_argument("--topk-shapes", action=argparse.BooleanOptionalAction, default=True,

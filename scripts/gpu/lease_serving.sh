@@ -822,7 +822,7 @@ PY
   # bench` in process, closed loop: a finished request's worker sends the next at once):
   # ar and auto at c1, c8, c32, c64, HumanEval x 256 tokens, 4 s of requests a point after
   # one warm-up request per worker; one engine for the whole grid (a server's life). Each
-  # sample compared with ar's (the drafter's split log-softmax runs in auto's drafts)
+  # sample compared with ar's
   [ -f $T/config.json ] || stage_target
   mark "curves, continuous load"
   timeout 280 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
@@ -834,22 +834,24 @@ PY
   mark done
   ;;
 134)
-  # (after 0, or warm) the 8B drafter block with the split log-softmax (the default now)
-  # and without (torch's, one block a row); tokens equal ar's
-  shapes8b_runs - no-split-log-softmax -
-  mark "log-softmax and tree build tests on the GPU"
-  DDTREE_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider \
-    tests/kernels/test_log_softmax.py 2>&1 | tail -2
+  # (after 0, or warm) the 8B drafter block with the log-sum-exp from the vocabulary
+  # top-K's own passes (the default now: no log-softmax tensor) and with torch.logsumexp
+  # beside it (one block a row, a pass over the logits as the log-softmax was); tokens
+  # equal ar's. Then the top-K kernels' tokens and log-sum-exp against torch on the GPU
+  shapes8b_runs - no-fused-lse -
+  mark "check_kernels vocab_topk"
+  timeout 150 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
+    | tail -4
   pack_all $1
   mark done
   ;;
 135)
-  # (after 0-3, carry .carry/g4) the demo's batch-1 table with the split log-softmax and
-  # without (each row's tokens compared with ar's)
+  # (after 0-3, carry .carry/g4) the demo's batch-1 table with the fused log-sum-exp and
+  # with torch.logsumexp beside the top-K (each row's tokens compared with ar's)
   [ -f $T/config.json ] || stage_target
   mark "engine_bench speed"
   timeout 200 python3 scripts/gpu/engine_bench.py --stages speed --target $T --no-hf \
-    --speed-variants "plain,torch log-softmax" --speed-modes ar,linear,tree@16,tree@32 \
+    --speed-variants "plain,torch logsumexp" --speed-modes ar,linear,tree@16,tree@32 \
     --humaneval $H 2>&1 | grep -v Warn | tail -8
   pack_all $1
   mark done

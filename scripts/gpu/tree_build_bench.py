@@ -46,8 +46,9 @@ def main() -> None:
     rows = []
     for num_nodes in (16, 32, 63, 127):
         for batch in (1, 8):
-            logp = torch.randn(batch, DEPTH, VOCAB, device="cuda").log_softmax(-1)
-            ranks = logp.topk(num_nodes, dim=-1).indices
+            logits = torch.randn(batch, DEPTH, VOCAB, device="cuda")
+            lse = logits.logsumexp(-1)
+            ranks = logits.topk(num_nodes, dim=-1).indices
             widths = _beam_widths(num_nodes, num_nodes, DEPTH)
             ones = torch.ones(batch, dtype=torch.long, device="cuda")
             budget = ones * num_nodes
@@ -64,8 +65,8 @@ def main() -> None:
                 extra = {"num_warps": num_warps} if module is tree_build else {}
 
                 def build(module=module, extra=extra, beams=beams):  # noqa: ANN202
-                    return module.tree_from_ranks(logp, ranks, ones, beams, num_nodes, budget,
-                                                  force, max_topk, **extra)
+                    return module.tree_from_ranks(logits, lse, ranks, ones, beams, num_nodes,
+                                                  budget, force, max_topk, **extra)
                 outs[name] = build()
                 times[name] = round(graph_replay_us(build), 2)
             first = outs[cases[0][0]]

@@ -29,7 +29,6 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-import ddtree.kernels.log_softmax as log_softmax_module
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.rmsnorm as rmsnorm_module
 import ddtree.kernels.rope as rope_module
@@ -129,14 +128,13 @@ def _launch_all() -> None:
         linear_norm(torch.randn(3, inner).to(bf16), torch.empty(hidden, inner, dtype=bf16),
                     None, torch.randn(3, hidden).to(bf16), torch.ones(hidden, dtype=bf16), 1e-6)
     for num_nodes in (32, 128):  # the demo drafter's 15 depths, two tree sizes
-        logp = torch.randn(2, 15, 49152).log_softmax(-1)
+        logits = torch.randn(2, 15, 49152)
         rows = torch.zeros(2, dtype=torch.long)
-        tree_build.tree_from_ranks(logp, logp.topk(num_nodes).indices, rows,
+        tree_build.tree_from_ranks(logits, logits[..., 0], logits.topk(num_nodes).indices, rows,
                                    _beam_widths(num_nodes, num_nodes, 15), num_nodes, rows,
                                    rows.bool(), rows)
     for vocab, k in ((49152, 16), (151936, 64)):  # the demo and Qwen3 vocabularies
-        vocab_topk.stable_topk(torch.randn(2, 15, vocab).log_softmax(-1), k)
-    log_softmax_module.log_softmax(torch.randn(2, 15, 151936))  # the drafter's split one
+        vocab_topk.topk_logsumexp(torch.randn(2, 15, vocab), k)
     ints = torch.zeros(3, 9, dtype=torch.long)
     rows = torch.zeros(2, dtype=torch.long)
     for vocab in (49152, 151936):  # the demo and Qwen3 vocabularies: the split argmax
@@ -189,8 +187,7 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     and writes come before it), and whether an L2 prefetch
     (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
     modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build,
-               round_commit,
-               vocab_topk, log_softmax_module)
+               round_commit, vocab_topk)
     saved = [module.use_pdl for module in modules]
     for module in modules:
         module.use_pdl = lambda tensor: pdl  # type: ignore[assignment]

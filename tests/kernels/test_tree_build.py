@@ -1,4 +1,5 @@
-"""The one-kernel tree build gives `build_round_tree`'s PyTorch trees bitwise: tokens,
+"""The one-kernel tree build gives `build_round_tree`'s PyTorch trees bitwise (over the same
+log-sum-exp): tokens,
 parents, depths, validity and scores, for mixed rows (ar, chains, trees of several budgets,
 shadows, branching caps) in one batch, with many exact ties (integer logits) and without,
 and when the vocabulary is smaller than the tree."""
@@ -29,7 +30,11 @@ def check(logits: torch.Tensor, num_nodes: int) -> None:
     bonus = torch.arange(batch) + 7
     budget, force, max_topk = rows(batch, depth, num_nodes)
     expected = build_round_tree(logits, bonus, num_nodes, budget, force, max_topk)
-    got = build_round_tree(logits, bonus, num_nodes, budget, force, max_topk, kernels=True)
+    # torch's top-K and log-sum-exp on both sides: the same log-probabilities in
+    # (the vocabulary kernels' own log-sum-exp differs by float32 rounding:
+    # tests/kernels/test_vocab_topk.py)
+    got = build_round_tree(logits, bonus, num_nodes, budget, force, max_topk, kernels=True,
+                           topk_kernel=False)
     for name in ("tokens", "parents", "depth", "valid", "scores"):
         want, have = getattr(expected, name), getattr(got, name)
         assert have.dtype == want.dtype and have.shape == want.shape, name

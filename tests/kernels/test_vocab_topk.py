@@ -1,7 +1,8 @@
-"""The vocabulary top-K kernels give `_stable_topk`'s tokens in its order: the k most
-probable first, ties to the lower token id (exact ties from integer logits, -0.0 against
-0.0, -inf), vocabularies that are not a multiple of a chunk, k from 1 to MAX_K, one or
-two levels of merges, and inside `build_round_tree`."""
+"""The vocabulary top-K kernels give `_stable_topk`'s tokens in its order: the k largest
+logits first, ties to the lower token id (exact ties from integer logits, -0.0 against
+0.0, -inf, logits of both signs), vocabularies that are not a multiple of a chunk, k from
+1 to MAX_K, one or two levels of merges, and inside `build_round_tree`; and each row's
+log-sum-exp from the same passes agrees with torch.logsumexp to float32 rounding."""
 
 from __future__ import annotations
 
@@ -9,22 +10,39 @@ import pytest
 import torch
 
 from ddtree.kernels import vocab_topk
-from ddtree.tree import _stable_topk, build_round_tree
+from ddtree.tree import _stable_topk, build_round_tree, set_fused_lse
 
 
-def check(logp: torch.Tensor, k: int) -> None:
-    """Both selections (bitonic, K max-reduction rounds) give torch's answer."""
-    want = _stable_topk(logp, k)
+def check(x: torch.Tensor, k: int) -> None:
+    """Both selections (bitonic, K max-reduction rounds) give torch's answer; the
+    log-sum-exp torch's to float32 rounding."""
+    want = _stable_topk(x, k)
     for bitonic in (True, False):
-        got = vocab_topk.stable_topk(logp, k, bitonic=bitonic)
-        assert got.dtype == torch.int64 and got.shape == want.shape == (*logp.shape[:-1], k)
+        got, lse = vocab_topk.topk_logsumexp(x, k, bitonic=bitonic)
+        assert got.dtype == torch.int64 and got.shape == want.shape == (*x.shape[:-1], k)
         assert torch.equal(got, want), (bitonic, got, want)
+        assert lse.dtype == torch.float32 and lse.shape == x.shape[:-1]
+        torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(("vocab", "k"), [(500, 1), (600, 5), (1100, 16), (1500, 64)])
-def test_random_log_probabilities(vocab: int, k: int) -> None:
+def test_random_logits_and_log_probabilities(vocab: int, k: int) -> None:
     gen = torch.Generator().manual_seed(vocab + k)
-    check(torch.log_softmax(3 * torch.randn(1, 2, vocab, generator=gen), dim=-1), k)
+    logits = 3 * torch.randn(1, 2, vocab, generator=gen)
+    check(logits, k)  # both signs
+    check(torch.log_softmax(logits, dim=-1), k)  # all <= 0
+    check(logits.abs() + 40, k)  # all > 0, large
+
+
+def test_the_log_sum_exp_of_a_long_peaked_row() -> None:
+    """A Qwen3-sized row (151,936 tokens; 75 leaves of 2,048 here, for the interpreter's
+    time), values from about -70 to 70: the leaves' partial sums rescaled to the row's
+    max."""
+    gen = torch.Generator().manual_seed(4)
+    logits = 15 * torch.randn(1, 151936, generator=gen)
+    got, lse = vocab_topk.topk_logsumexp(logits, 4, bitonic=False, leaf_chunk=2048)
+    assert torch.equal(got, _stable_topk(logits, 4))
+    torch.testing.assert_close(lse, torch.logsumexp(logits, dim=-1), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(("leaf_chunk", "warps"), [(64, (1, 4)), (2048, (4, 2))])
@@ -78,14 +96,24 @@ def test_supports() -> None:
 
 
 def test_the_round_tree_builds_on_it() -> None:
-    """build_round_tree with kernels: the vocabulary top-K and the tree build in Triton
-    give the PyTorch round tree bitwise."""
+    """build_round_tree with kernels: the vocabulary top-K (with its log-sum-exp) and the
+    tree build in Triton give the PyTorch round tree: the same nodes, their scores to
+    float32 rounding (another log-sum-exp); with torch's log-sum-exp beside the kernels
+    (`set_fused_lse(False)`) bitwise."""
     gen = torch.Generator().manual_seed(5)
     logits = 3 * torch.randn(3, 2, 700, generator=gen)
     bonus, budget = torch.tensor([1, 2, 3]), torch.tensor([16, 6, 0])
     force, max_topk = torch.tensor([False, True, False]), torch.tensor([0, 0, 0])
     want = build_round_tree(logits, bonus, 16, budget, force, max_topk)
     got = build_round_tree(logits, bonus, 16, budget, force, max_topk, kernels=True)
+    for name in ("tokens", "parents", "depth", "valid"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-6, atol=1e-6)
+    before = set_fused_lse(False)
+    try:
+        got = build_round_tree(logits, bonus, 16, budget, force, max_topk, kernels=True)
+    finally:
+        set_fused_lse(before)
     for name in ("tokens", "parents", "depth", "valid", "scores"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 

@@ -4,9 +4,10 @@ that `ddtree.tree.build_tree` must reproduce node for node.
 
 Its order is the one build_tree documents, spelled out as a heap key: higher score first,
 then the shallower prefix, then (same score and depth) the prefix whose parent comes first,
-then the lower token rank. Ranks within a depth order tokens by probability, ties to the
-lower token id. Scores are float32 sums in the same order build_tree adds them, so both
-sides see bit-identical scores and exact ties.
+then the lower token rank. Ranks within a depth order tokens by logit (the log-softmax is
+monotone), ties to the lower token id. A token's log-probability is its logit minus the
+depth's torch.logsumexp in float32 (0.0 for -0.0); scores are float32 sums in the same
+order build_tree adds them, so both sides see bit-identical scores and exact ties.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from torch import Tensor
 
 
@@ -28,25 +30,27 @@ class _Entry:
     parent_order: tuple = field(compare=False)
 
 
-def ranked_tokens(logp: Tensor, num_ranks: int) -> list[list[int]]:
-    """Per depth, the num_ranks most probable tokens (ties to the lower id). logp: (L, V)."""
-    rows = logp.float().tolist()
+def ranked_tokens(logits: Tensor, num_ranks: int) -> list[list[int]]:
+    """Per depth, the num_ranks most probable tokens (ties to the lower id). logits: (L, V)
+    (or their log-softmax: the same order)."""
+    rows = logits.float().tolist()
     return [sorted(range(len(row)), key=lambda t, row=row: (-row[t], t))[:num_ranks]
             for row in rows]
 
 
 def heap_tree(
-    logp: Tensor, budget: int, max_topk: int | None = None
+    logits: Tensor, budget: int, max_topk: int | None = None
 ) -> list[tuple[tuple[int, ...], float]]:
-    """The `budget` best prefixes of the draft log-probs logp (L, V), in pop order.
+    """The `budget` best prefixes of the draft logits (L, V), in pop order.
 
     Returns (prefix tokens, float32 score) per node. Pops the best prefix, then pushes its
     next sibling (same parent, next rank) and its first child (next depth, rank 0).
     """
-    num_levels, vocab = logp.shape
+    num_levels, vocab = logits.shape
     num_ranks = min(budget, vocab, max_topk or budget)
-    ranked = ranked_tokens(logp, num_ranks)
-    table = np.asarray(logp.float().numpy(), dtype=np.float32)
+    ranked = ranked_tokens(logits, num_ranks)
+    logp = logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+    table = np.asarray(torch.where(logp == 0, 0.0, logp).numpy(), dtype=np.float32)
     heap: list[_Entry] = []
 
     def push(prefix: tuple[int, ...], rank: int, parent_score: np.float32,

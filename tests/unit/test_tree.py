@@ -39,7 +39,7 @@ def assert_matches_heap(logits: torch.Tensor, budget: int, max_topk: int | None 
     logp = torch.log_softmax(logits.float(), dim=-1)
     assert_invariants(tree, bonus, logp, budget)
     for row in range(logits.shape[0]):
-        expected = heap_tree(logp[row], budget, max_topk)
+        expected = heap_tree(logits[row].float(), budget, max_topk)
         got = prefixes(tree, row)
         assert set(got) == {prefix for prefix, _ in expected}
         assert got == [prefix for prefix, _ in expected]
