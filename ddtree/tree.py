@@ -78,7 +78,7 @@ def build_tree(
 def build_round_tree(
     draft_logits: Tensor, bonus: Tensor, num_nodes: int, budget: Tensor,
     force_chain: Tensor, max_topk: Tensor, kernels: bool = False,
-    topk_kernel: bool | None = None,
+    topk_kernel: bool | None = None, out: DraftTree | None = None,
 ) -> DraftTree:
     """One round's trees for a batch whose rows differ in mode and budget, in one static
     shape (B, 1 + num_nodes), no host sync.
@@ -86,7 +86,10 @@ def build_round_tree(
     draft_logits: (B, L, V); bonus: (B,); budget: (B,) int64 real nodes of each row (0 = the
     root alone, an ar row); force_chain: (B,) bool, the rank-0 chain of the block comes
     first (its depth order), the rest by score (linear rows: budget L; shadow rows: budget
-    >= L); max_topk: (B,) int64 branching cap per depth, 0 = none. Row b's first budget[b]
+    >= L; integers, nonzero = True, are taken too); max_topk: (B,) int64 branching cap
+    per depth, 0 = none. `out`: a tree of this shape (with `valid`) whose tensors receive
+    the result (a round's buffers; the tree build kernel writes them directly, no copy).
+    Row b's first budget[b]
     nodes are exactly `build_tree(..., budget[b], max_topk[b])`'s nodes (or the chain plus
     the best others); nodes past them are padding (`valid` False, parent the root).
     Requires num_nodes >= budget[b] and, where force_chain, budget[b] >= L.
@@ -104,9 +107,15 @@ def build_round_tree(
                               kernel=kernels if topk_kernel is None else topk_kernel)
     widths = _beam_widths(num_nodes, num_ranks, num_levels)
     if kernels and tree_build.supports(num_nodes, num_ranks, widths):
+        into = None
+        if out is not None:
+            assert out.valid is not None, "out needs `valid`"
+            into = (out.tokens, out.parents, out.depth, out.valid)
         tokens, parents, depth, valid, scores = tree_build.tree_from_ranks(
-            logits, lse, rank_tokens, bonus, widths, num_nodes, budget, force_chain, max_topk)
+            logits, lse, rank_tokens, bonus, widths, num_nodes, budget, force_chain, max_topk,
+            out=into)
         return DraftTree(tokens, parents, depth, scores=scores, valid=valid)
+    force_chain = force_chain.bool()
     device = logits.device
     rank = torch.arange(num_ranks, device=device)
     capped = (max_topk[:, None] > 0) & (rank[None, :] >= max_topk[:, None])  # (B, K)
@@ -126,12 +135,19 @@ def build_round_tree(
     real = (index[None, :] <= budget[:, None]) & (tree.scores[:, 1:] > float("-inf"))
     valid = torch.cat([torch.ones_like(real[:, :1]), real], dim=1)  # (B, 1+N)
     zero = torch.zeros_like(tree.tokens)
-    return DraftTree(
+    built = DraftTree(
         tokens=torch.where(valid, tree.tokens, zero),
         parents=torch.where(valid, tree.parents, zero),
         depth=torch.where(valid, tree.depth, zero + 1),
         scores=tree.scores, valid=valid,
     )
+    if out is None:
+        return built
+    assert out.valid is not None
+    for dest, value in ((out.tokens, built.tokens), (out.parents, built.parents),
+                        (out.depth, built.depth), (out.valid, valid)):
+        dest.copy_(value)
+    return DraftTree(out.tokens, out.parents, out.depth, scores=built.scores, valid=out.valid)
 
 
 @functools.lru_cache(maxsize=256)

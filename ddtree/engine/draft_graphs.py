@@ -127,7 +127,7 @@ class GraphDrafter:
     def _run(self, static: _Static, num_nodes: int) -> DraftTree:
         slots, committed, num_pending, bonus, budget, force, topk = static.ints  # (B,) each
         return propose_trees(self.drafter, slots, committed, static.pending, num_pending,
-                             bonus, num_nodes, budget, force.bool(), topk)
+                             bonus, num_nodes, budget, force, topk)
 
     def _buffers(self, batch: int, num_nodes: int) -> _Static:
         key = (batch, num_nodes)

@@ -27,8 +27,9 @@ from torch import Tensor
 
 from ddtree.engine.graphs import GraphRunner
 from ddtree.engine.prefill_graphs import token_buckets
+from ddtree.kernels import draft_prologue
 from ddtree.models.drafter import DFlashDrafter
-from ddtree.models.meta import AttentionMeta, context_meta, device_ints
+from ddtree.models.meta import AttentionMeta, context_meta, device_ints, prologue_metas
 from ddtree.models.ops import Backend
 from ddtree.models.target import TargetEmbeddings
 from ddtree.tree import DraftTree, build_round_tree
@@ -152,18 +153,29 @@ class LocalDrafter:
         num_pending are ignored). -> (B, L, V) float32.
 
         On the batch-invariant kernels (`Backend.context_in_block`) each layer projects
-        the context rows in the block's QKV GEMM (`draft`'s `context`: the same bits,
+        the context rows in the block's QKV GEMM (`draft_block`'s `prefix`: the same bits,
         each row's own; one read of the weight a layer where there were two), the ignored
-        rows stored in the scratch row; elsewhere the context is appended first and the
-        block overwrites them."""
+        rows stored in the scratch row, and where every row goes and the blocks' inputs
+        come from one kernel (`draft_prologue.block_inputs`); elsewhere the context is
+        appended first and the block overwrites them."""
         fused = self.drafter.fuse_infer(pending, self.backend)  # (B, b, H)
-        start = committed - num_pending
         backend = self.backend
         if backend.kernels and backend.invariant and backend.context_in_block:
-            meta = context_meta(rows, start, fused.shape[1], num_pending, self.scratch)
-            return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
-                                      self.backend, (fused.flatten(0, 1), meta))
-        self.drafter.append_context(self.pool, rows, start, fused, self.backend)
+            if not backend.draft_prologue:  # the same, from PyTorch's builders
+                meta = context_meta(rows, committed - num_pending, fused.shape[1],
+                                    num_pending, self.scratch)
+                return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
+                                          backend, (fused.flatten(0, 1), meta))
+            weight = self.embeddings.embed_tokens.weight
+            positions, write_slot, prefix, x = draft_prologue.block_inputs(
+                rows, committed, num_pending, bonus, self.block_size, self.scratch, weight,
+                self.drafter.mask_row(self.embeddings))
+            meta, stored = prologue_metas(positions, write_slot, prefix, self.block_size,
+                                          self.pool.max_len)
+            return self.drafter.draft_block(self.pool, x, meta, self.embeddings, backend,
+                                            fused.flatten(0, 1), stored)
+        self.drafter.append_context(self.pool, rows, committed - num_pending, fused,
+                                    self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
                                   self.backend)
 
@@ -234,10 +246,12 @@ class ContextGraphs:
 
 def propose_trees(drafter: LocalDrafter, rows: Tensor, committed: Tensor, pending: Tensor,
                   num_pending: Tensor, bonus: Tensor, num_nodes: int, budget: Tensor,
-                  force_chain: Tensor, max_topk: Tensor) -> DraftTree:
-    """One round's trees for a batch (B, 1 + num_nodes); see `build_round_tree`."""
+                  force_chain: Tensor, max_topk: Tensor,
+                  out: DraftTree | None = None) -> DraftTree:
+    """One round's trees for a batch (B, 1 + num_nodes); see `build_round_tree` (`out`:
+    the round's buffers, written in place)."""
     logits = drafter.draft_logits(rows, committed, pending, num_pending, bonus)  # (B, L, V)
     backend = drafter.backend
     return build_round_tree(logits, bonus, num_nodes, budget, force_chain, max_topk,
                             kernels=backend.kernels and backend.tree_build,
-                            topk_kernel=backend.kernels and backend.vocab_topk)
+                            topk_kernel=backend.kernels and backend.vocab_topk, out=out)

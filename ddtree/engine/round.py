@@ -36,7 +36,7 @@ from ddtree.engine.state import (
     PENDING,
     SlotState,
 )
-from ddtree.kernels import round_commit
+from ddtree.kernels import draft_prologue, round_commit
 from ddtree.models.kv_pool import KVPool
 from ddtree.models.meta import AttentionMeta, tree_meta
 from ddtree.models.target import TargetModel
@@ -119,16 +119,27 @@ class RoundBuffers:
         self.valid.copy_(tree.valid)
 
 
+# The state columns a draft half reads, in `draft_prologue.gather_rows`' table order.
+DRAFT_COLUMNS = (COMMITTED, PENDING, BONUS, BUDGET, FORCE_CHAIN, MAX_TOPK)
+
+
 def draft_into(state: SlotState, drafter: LocalDrafter, buffers: RoundBuffers) -> None:
-    """The draft half: trees for every row of `buffers.rows`, written into `buffers`."""
+    """The draft half: trees for every row of `buffers.rows`, written into `buffers`. On
+    the kernels the rows' state columns and pending features come from one gather kernel
+    (`draft_prologue.gather_rows`) and the tree build writes the buffers itself."""
     assert state.pending is not None, "drafting needs the target's features"
     rows = buffers.rows
-    tree = propose_trees(
-        drafter, rows, state.column(rows, COMMITTED), state.pending[rows],
-        state.column(rows, PENDING), state.column(rows, BONUS), buffers.num_nodes,
-        state.column(rows, BUDGET), state.column(rows, FORCE_CHAIN).bool(),
-        state.column(rows, MAX_TOPK))
-    buffers.set_tree(tree)
+    backend = drafter.backend
+    if backend.kernels and backend.draft_prologue:
+        table, pending = draft_prologue.gather_rows(rows, state.ints, DRAFT_COLUMNS,
+                                                    state.pending)
+        committed, num_pending, bonus, budget, force_chain, max_topk = table  # (B,) each
+    else:
+        committed, num_pending, bonus, budget, force_chain, max_topk = (
+            state.column(rows, column) for column in DRAFT_COLUMNS)
+        pending = state.pending[rows]
+    propose_trees(drafter, rows, committed, pending, num_pending, bonus, buffers.num_nodes,
+                  budget, force_chain, max_topk, out=buffers.tree())
 
 
 @dataclass(frozen=True, eq=False)

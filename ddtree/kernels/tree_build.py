@@ -216,16 +216,19 @@ def _tables(num_ranks: int, widths: tuple[int, ...], device: torch.device
 
 def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Tensor,
                     widths: tuple[int, ...], num_nodes: int, budget: Tensor,
-                    force_chain: Tensor, max_topk: Tensor, num_warps: int = 4
+                    force_chain: Tensor, max_topk: Tensor, num_warps: int = 4,
+                    out: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """logits: (B, L, V) float32 with contiguous rows; lse: (B, L) float32 their
     log-sum-exp; rank_tokens: (B, L, K) int64, each depth's top K tokens (most probable
     first, ties to the lower id); widths:
     the beam width of each depth (ddtree.tree._beam_widths(N, K, L)); bonus, budget,
-    max_topk: (B,) int64; force_chain: (B,) bool.
+    max_topk: (B,) int64; force_chain: (B,) bool (or integers, nonzero = True).
     -> tokens, parents, depth (B, 1+N) int64, valid (B, 1+N) bool, scores (B, 1+N) float32:
-    `build_round_tree`'s tree (which see for the rules). num_warps: the program's (4:
-    scripts/gpu/tree_build_bench.py timed 1 and 2 slower above 16 nodes)."""
+    `build_round_tree`'s tree (which see for the rules); `out`: the first four written
+    there (contiguous, those shapes and dtypes: a round's buffers) instead of new tensors.
+    num_warps: the program's (4: scripts/gpu/tree_build_bench.py timed 1 and 2 slower
+    above 16 nodes)."""
     batch, num_levels, _ = logits.shape
     num_ranks = rank_tokens.shape[2]
     assert logits.dtype == torch.float32 and logits.stride(2) == 1, (logits.dtype,
@@ -243,10 +246,15 @@ def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Ten
     s_node = torch.empty(batch, u_pad, dtype=torch.int32, device=device)
     s_key = torch.empty(batch, key_pad, dtype=torch.int64, device=device)
     shape = (batch, num_nodes + 1)
-    tokens = torch.empty(shape, dtype=torch.int64, device=device)
-    parents = torch.empty(shape, dtype=torch.int64, device=device)
-    depth = torch.empty(shape, dtype=torch.int64, device=device)
-    valid = torch.empty(shape, dtype=torch.bool, device=device)
+    if out is None:
+        tokens, parents, depth = (torch.empty(shape, dtype=torch.int64, device=device)
+                                  for _ in range(3))
+        valid = torch.empty(shape, dtype=torch.bool, device=device)
+    else:
+        tokens, parents, depth, valid = out
+        assert all(t.shape == shape and t.is_contiguous() for t in out), shape
+        assert valid.dtype == torch.bool and tokens.dtype == parents.dtype == depth.dtype \
+            == torch.int64
     scores = torch.empty(shape, dtype=torch.float32, device=device)
     pdl = use_pdl(logits)
     _tree_build_kernel[(batch,)](

@@ -211,13 +211,23 @@ class DFlashDrafter(nn.Module):
         positions), stored here as `append_context` would, each layer's K/V projected in
         the block's QKV GEMM (one read of its weight a layer instead of two)."""
         block_size = self.config.block_size
-        batch = slots.shape[0]
         meta = block_meta(slots, context_len, block_size, pool.max_len)
         stored = stored_rows(context[1], meta) if context is not None else None
-        prefix = context[0] if context is not None else None
-        num_context = prefix.shape[0] if prefix is not None else 0
         x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
-        x = x.reshape(batch * block_size, -1)  # (T, H)
+        return self.draft_block(pool, x.reshape(slots.shape[0] * block_size, -1), meta,
+                                embeddings, backend,
+                                context[0] if context is not None else None, stored)
+
+    def draft_block(self, pool: KVPool, x: Tensor, meta: AttentionMeta,
+                    embeddings: TargetEmbeddings, backend: Backend,
+                    prefix: Tensor | None = None, stored: AttentionMeta | None = None
+                    ) -> Tensor:
+        """`draft`'s layers over its inputs: x (T, H) the blocks' embeddings (T = B * b),
+        meta their queries (`block_meta`); prefix (C, H) new context rows projected in the
+        blocks' QKV GEMMs, `stored` where all C + T rows' K/V go. -> (B, L, V) float32."""
+        block_size = self.config.block_size
+        batch = x.shape[0] // block_size
+        num_context = prefix.shape[0] if prefix is not None else 0
         stream = ops.Stream(x)
         inv_freq = self.rotary.inv_freq
         layers = [cast(DraftLayer, module) for module in self.layers]
@@ -242,6 +252,16 @@ class DFlashDrafter(nn.Module):
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)
         return logits.view(batch, block_size - 1, -1)
 
+    def mask_row(self, embeddings: TargetEmbeddings) -> Tensor:
+        """(H,) in the embeddings' dtype: the input of every block position past the
+        first (`mask_embedding` when present, else the embedding of `mask_token_id`: a
+        view of the table's row)."""
+        weight = embeddings.embed_tokens.weight
+        if self.mask_embedding is not None:
+            return self.mask_embedding.to(weight.dtype)
+        assert self.config.mask_token_id is not None, "drafter has no mask token"
+        return weight[self.config.mask_token_id]
+
     def block_embeddings(self, bonus: Tensor, embeddings: TargetEmbeddings,
                          block_size: int) -> Tensor:
         """bonus: (B, n) first token of each block -> (B, n*b, H): per block the target's
@@ -249,12 +269,7 @@ class DFlashDrafter(nn.Module):
         else the target's embedding of `mask_token_id`)."""
         batch, n = bonus.shape
         first = embeddings.embed(bonus)  # (B, n, H)
-        if self.mask_embedding is not None:
-            mask = self.mask_embedding.to(first.dtype)  # (H,)
-        else:
-            assert self.config.mask_token_id is not None, "drafter has no mask token"
-            mask_id = torch.full((1, 1), self.config.mask_token_id, device=bonus.device)
-            mask = embeddings.embed(mask_id)[0, 0]  # (H,)
+        mask = self.mask_row(embeddings)  # (H,)
         rest = mask.expand(batch, n, block_size - 1, mask.shape[-1])  # (B, n, b-1, H)
         block = torch.cat([first[:, :, None], rest], dim=2)  # (B, n, b, H)
         return block.reshape(batch, n * block_size, -1)

@@ -10,6 +10,7 @@ CUDA graph; only `max_kv_len` is a Python int (it sizes the attention grid).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -163,3 +164,34 @@ def stored_rows(first: AttentionMeta, second: AttentionMeta) -> AttentionMeta:
         prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None], num_tree_keys=zeros,
         max_kv_len=0,
     )
+
+
+def prologue_metas(positions: Tensor, write_slot: Tensor, prefix: Tensor, block_size: int,
+                   max_kv_len: int) -> tuple[AttentionMeta, AttentionMeta]:
+    """`block_meta` and `stored_rows(context rows, block)` over the fields of
+    `ddtree.kernels.draft_prologue.block_inputs` (positions and write slots (2T,): the T
+    context rows then the T block rows; prefix (T,)): the same tensors' values, the
+    shape-only fields (every block query's keys 0..b-1, b of them) cached per shape."""
+    num_tokens = prefix.shape[0]
+    tree_keys, num_keys, zeros = _block_constants(num_tokens, block_size, prefix.device)
+    block = AttentionMeta(
+        positions=positions[num_tokens:], write_slot=write_slot[num_tokens:],
+        write_pos=positions[num_tokens:], query_slot=write_slot[num_tokens:],
+        prefix_len=prefix, tree_base=prefix, tree_keys=tree_keys, num_tree_keys=num_keys,
+        max_kv_len=max_kv_len)
+    stored = AttentionMeta(
+        positions=positions, write_slot=write_slot, write_pos=positions, query_slot=zeros,
+        prefix_len=zeros, tree_base=zeros, tree_keys=zeros[:, None], num_tree_keys=zeros,
+        max_kv_len=0)
+    return block, stored
+
+
+@functools.lru_cache(maxsize=64)
+def _block_constants(num_tokens: int, block_size: int,
+                     device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(T, b) keys 0..b-1 of every block query, (T,) b, (2T,) zeros: shapes only, built
+    eagerly (graphs warm up before they capture) and cached."""
+    index = torch.arange(block_size, device=device)
+    return (index.expand(num_tokens, block_size).contiguous(),
+            torch.full((num_tokens,), block_size, dtype=torch.long, device=device),
+            torch.zeros(2 * num_tokens, dtype=torch.long, device=device))

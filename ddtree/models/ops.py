@@ -56,6 +56,10 @@ class Backend:
     (`DFlashDrafter.draft`'s `context`: one read of each layer's QKV weight a round where
     appending the context first took two); only with kernels and invariant; the same bits
     as without;
+    draft_prologue: a draft half's inputs (the rows' state columns and pending features,
+    where the context rows and the blocks go, the blocks' embeddings) from two kernels
+    (ddtree/kernels/draft_prologue.py) instead of ~30 PyTorch launches; only with kernels
+    (the blocks' part with context_in_block); the same integers and bits as without;
     attn_tiles: another tiling of tree attention for this model (a constant of the model,
     so its modes still agree with each other only if the tiling keeps the kernel's
     invariance: engine_bench's exact stage decides, scripts/gpu/attn_sweep.py times)."""
@@ -70,6 +74,7 @@ class Backend:
     vocab_topk: bool = True
     round_commit: bool = True
     context_in_block: bool = True
+    draft_prologue: bool = True
     attn_tiles: tuple[int, int, int] | None = None  # tree attention's (BLOCK_N, warps,
     #   stages); None: the kernel's per-head-dim constants (experiments only: lease 15)
 

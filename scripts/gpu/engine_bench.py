@@ -270,6 +270,9 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
     # "torch logsumexp" the drafter's log-sum-exp in torch.logsumexp (one block a row:
     # a pass over the logits, as the log-softmax before it) instead of from the
     # vocabulary top-K's own passes (ddtree.tree.set_fused_lse);
+    # "torch prologue" the draft half's inputs from PyTorch's builders (~30 small
+    # launches) instead of ddtree/kernels/draft_prologue.py's two kernels
+    # (Backend.draft_prologue off);
     # "drafter cuBLAS" the drafter's GEMMs in cuBLAS (not batch invariant: the drafts
     # may change with the batch, the target's tokens may not);
     # "PyTorch tree"
@@ -295,6 +298,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                  ("ar", "tree@16", "tree@32")),
                 (" (torch logsumexp)", True, False, True, True, True, True,
                  ("ar", "tree@16", "tree@32")),
+                (" (torch prologue)", True, False, True, True, True, True,
+                 ("ar", "linear", "tree@16", "tree@32")),
                 (" (drafter cuBLAS)", True, False, True, True, True, True,
                  ("ar", "linear", "tree@16", "tree@32")),
                 (" (no PDL)", True, False, True, True, False, False, ("ar", "tree@32")),
@@ -329,6 +334,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 engine.drafting.backend, fused=fused, tree_build=kind != "PyTorch tree",
                 vocab_topk=kind not in ("PyTorch tree", "torch top-K"),
                 context_in_block=kind != "separate context",
+                draft_prologue=kind != "torch prologue",
                 invariant=invariant and kind != "drafter cuBLAS")
         reference = ar_tokens if invariant else None
         for name in names:
@@ -531,9 +537,10 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     if isinstance(engine.drafting, LocalDrafter):  # the drafter's layers as the target's
         engine.drafting.backend = dataclasses.replace(
             engine.drafting.backend, fused=args.fused, context_in_block=args.context_in_block,
-            invariant=not args.drafter_cublas)
+            invariant=not args.drafter_cublas, draft_prologue=args.draft_prologue)
     rows["context_in_block"] = args.context_in_block
     rows["drafter_cublas"] = args.drafter_cublas
+    rows["draft_prologue"] = args.draft_prologue
     prompt = PROMPT_8B
     ar_tokens = None
     for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
@@ -644,6 +651,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fused-lse", action=argparse.BooleanOptionalAction,
                         default=True, help="shapes8b: the drafter's log-sum-exp from the "
                         "vocabulary top-K's passes (else torch.logsumexp; A/B)")
+    parser.add_argument("--draft-prologue", action=argparse.BooleanOptionalAction,
+                        default=True, help="shapes8b: the draft half's inputs from two "
+                        "kernels (Backend.draft_prologue; else PyTorch's builders; A/B)")
     parser.add_argument("--drafter-cublas", action=argparse.BooleanOptionalAction,
                         default=False, help="shapes8b: the drafter's GEMMs in cuBLAS (A/B)")
     parser.add_argument("--topk-shapes", action=argparse.BooleanOptionalAction, default=True,

@@ -834,24 +834,28 @@ PY
   mark done
   ;;
 134)
-  # (after 0, or warm) the 8B drafter block with the log-sum-exp from the vocabulary
-  # top-K's own passes (the default now: no log-softmax tensor) and with torch.logsumexp
-  # beside it (one block a row, a pass over the logits as the log-softmax was); tokens
-  # equal ar's. Then the top-K kernels' tokens and log-sum-exp against torch on the GPU
-  shapes8b_runs - no-fused-lse -
+  # (after 0, or warm) the 8B drafter block as it is now (the log-sum-exp from the
+  # vocabulary top-K's own passes, no log-softmax tensor; the draft half's inputs from two
+  # kernels, the tree build writing the round's buffers), with torch.logsumexp beside the
+  # top-K (a pass over the logits, as the log-softmax was), and with the inputs from
+  # PyTorch's builders (~30 launches); tokens equal ar's. Then the top-K kernels' tokens
+  # and log-sum-exp against torch on the GPU
+  shapes8b_runs - no-fused-lse no-draft-prologue
   mark "check_kernels vocab_topk"
-  timeout 150 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
+  timeout 100 python3 scripts/gpu/check_kernels.py --only vocab_topk 2>&1 | grep -v Warn \
     | tail -4
   pack_all $1
   mark done
   ;;
 135)
-  # (after 0-3, carry .carry/g4) the demo's batch-1 table with the fused log-sum-exp and
-  # with torch.logsumexp beside the top-K (each row's tokens compared with ar's)
+  # (after 0-3, carry .carry/g4) the demo's batch-1 table as it is now, with torch.logsumexp
+  # beside the top-K, and with the draft half's inputs from PyTorch's builders (each row's
+  # tokens compared with ar's)
   [ -f $T/config.json ] || stage_target
   mark "engine_bench speed"
-  timeout 200 python3 scripts/gpu/engine_bench.py --stages speed --target $T --no-hf \
-    --speed-variants "plain,torch logsumexp" --speed-modes ar,linear,tree@16,tree@32 \
+  timeout 300 python3 scripts/gpu/engine_bench.py --stages speed --target $T --no-hf \
+    --speed-variants "plain,torch logsumexp,torch prologue" \
+    --speed-modes ar,linear,tree@16,tree@32 \
     --humaneval $H 2>&1 | grep -v Warn | tail -8
   pack_all $1
   mark done

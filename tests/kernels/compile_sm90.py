@@ -29,6 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+import ddtree.kernels.draft_prologue as draft_prologue
 import ddtree.kernels.matmul as matmul
 import ddtree.kernels.rmsnorm as rmsnorm_module
 import ddtree.kernels.rope as rope_module
@@ -135,6 +136,11 @@ def _launch_all() -> None:
                                    rows.bool(), rows)
     for vocab, k in ((49152, 16), (151936, 64)):  # the demo and Qwen3 vocabularies
         vocab_topk.topk_logsumexp(torch.randn(2, 15, vocab), k)
+    index = torch.zeros(2, dtype=torch.long)  # the draft half's inputs
+    draft_prologue.gather_rows(index, torch.zeros(3, 9, dtype=torch.long), (0, 1, 2),
+                               torch.empty(3, 16, 2880, dtype=bf16))
+    draft_prologue.block_inputs(index, index, index, index, 16, 2,
+                                torch.empty(10, 576, dtype=bf16), torch.empty(576, dtype=bf16))
     ints = torch.zeros(3, 9, dtype=torch.long)
     rows = torch.zeros(2, dtype=torch.long)
     for vocab in (49152, 151936):  # the demo and Qwen3 vocabularies: the split argmax
@@ -187,7 +193,7 @@ def pdl_report(pdl: bool) -> list[dict[str, object]]:
     and writes come before it), and whether an L2 prefetch
     (the GEMMs' weights, tree attention's prefix K/V) precedes the wait."""
     modules = (matmul, rmsnorm_module, rope_module, swiglu_module, attention, tree_build,
-               round_commit, vocab_topk)
+               round_commit, vocab_topk, draft_prologue)
     saved = [module.use_pdl for module in modules]
     for module in modules:
         module.use_pdl = lambda tensor: pdl  # type: ignore[assignment]

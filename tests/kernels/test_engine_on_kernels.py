@@ -187,7 +187,8 @@ def test_context_rows_in_the_blocks_qkv_gemm_store_and_draft_the_separate_bits(p
     """On the kernels a round's new context rows are projected in each layer's block QKV
     GEMM (`LocalDrafter.draft_logits`): the block's logits and every real row's K/V are
     those of appending the context first, bit for bit (the ignored rows past a row's
-    pending count go to the scratch row instead of under the block)."""
+    pending count go to the scratch row instead of under the block). The draft half's
+    inputs from PyTorch's builders instead of `draft_prologue`'s kernels: the same."""
     target, drafter = pair
     local = LocalDrafter(drafter, target.embeddings, 3, 40, backend=Backend(kernels=True))
     block = drafter.config.block_size
@@ -203,6 +204,13 @@ def test_context_rows_in_the_blocks_qkv_gemm_store_and_draft_the_separate_bits(p
     before = (local.pool.k.clone(), local.pool.v.clone())
     merged = local.draft_logits(rows, committed, pending, num_pending, bonus)
     pools = (local.pool.k.clone(), local.pool.v.clone())
+    local.pool.k.copy_(before[0])
+    local.pool.v.copy_(before[1])
+    local.backend = Backend(kernels=True, draft_prologue=False)
+    assert torch.equal(local.draft_logits(rows, committed, pending, num_pending, bonus),
+                       merged)
+    assert torch.equal(local.pool.k, pools[0]) and torch.equal(local.pool.v, pools[1])
+    local.backend = Backend(kernels=True)
     local.pool.k.copy_(before[0])
     local.pool.v.copy_(before[1])
     fused = drafter.fuse_infer(pending, local.backend)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"_linear_kernel", "_split_k_reduce_kernel", "_rms_norm_kernel", "_rope_store_kernel",
            "_silu_mul_kernel", "_tree_attention_split_kernel", "_tree_attention_combine_kernel",
            "_tree_build_kernel", "_leaf_topk_kernel", "_merge_topk_kernel",
-           "_linear_rope_kernel"}
+           "_linear_rope_kernel", "_gather_rows_kernel", "_block_inputs_kernel"}
 PREFETCHING = {"_linear_kernel", "_tree_attention_split_kernel", "_linear_rope_kernel"}
 
 
