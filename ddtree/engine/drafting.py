@@ -158,10 +158,10 @@ class LocalDrafter:
         rows stored in the scratch row, and where every row goes and the blocks' inputs
         come from one kernel (`draft_prologue.block_inputs`); elsewhere the context is
         appended first and the block overwrites them."""
-        fused = self.drafter.fuse_infer(pending, self.backend)  # (B, b, H)
         backend = self.backend
         if backend.kernels and backend.invariant and backend.context_in_block:
             if not backend.draft_prologue:  # the same, from PyTorch's builders
+                fused = self.drafter.fuse_infer(pending, backend)  # (B, b, H)
                 meta = context_meta(rows, committed - num_pending, fused.shape[1],
                                     num_pending, self.scratch)
                 return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,
@@ -172,8 +172,13 @@ class LocalDrafter:
                 self.drafter.mask_row(self.embeddings))
             meta, stored = prologue_metas(positions, write_slot, prefix, self.block_size,
                                           self.pool.max_len)
+            # The context rows' fused features, then the blocks' normed rows (every layer's).
+            num_context = pending.shape[0] * pending.shape[1]
+            joined = x.new_empty(num_context + x.shape[0], x.shape[1])
+            self.drafter.fuse_infer(pending, backend, out=joined[:num_context])
             return self.drafter.draft_block(self.pool, x, meta, self.embeddings, backend,
-                                            fused.flatten(0, 1), stored)
+                                            joined, stored)
+        fused = self.drafter.fuse_infer(pending, self.backend)  # (B, b, H)
         self.drafter.append_context(self.pool, rows, committed - num_pending, fused,
                                     self.backend)
         return self.drafter.draft(self.pool, rows, committed, bonus, self.embeddings,

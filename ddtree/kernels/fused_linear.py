@@ -78,13 +78,14 @@ def norm_linear_with_config(x: Tensor, residual: Tensor | None, norm_weight: Ten
 
 
 def linear_norm(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor,
-                norm_weight: Tensor, eps: float,
-                config: LinearConfig | None = None) -> tuple[Tensor, Tensor] | None:
+                norm_weight: Tensor, eps: float, config: LinearConfig | None = None,
+                normed_out: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
     """A projection whose output joins the residual stream, with the RMSNorm after it:
     x (T, K), weight (N, K), bias (N,), residual (T, N), norm_weight (N,) in x's dtype ->
     (normed, h) = `rms_norm(invariant_linear(x, weight, bias), norm_weight, eps,
     residual)`, bitwise, the norm in the GEMM's split-K reduce (one launch fewer); None
-    where the tiling (`config`, default the weight's for T rows) does not split K."""
+    where the tiling (`config`, default the weight's for T rows) does not split K.
+    `normed_out`: where the normed rows go (T, N) with contiguous rows."""
     config = config or linear_config(weight.shape[0], weight.shape[1], weight.dtype,
                                      x.shape[0])
     if splits_of(config, weight.shape[1]) == 1:
@@ -96,7 +97,8 @@ def linear_norm(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor
     assert norm_weight.shape == (width,) and norm_weight.is_contiguous(), norm_weight.shape
     assert norm_weight.dtype == x.dtype and norm_weight.device == x.device, norm_weight.dtype
     h = x.new_empty((x.shape[0], width))
-    normed = torch.empty_like(h)
+    normed = torch.empty_like(h) if normed_out is None else normed_out
+    assert normed.shape == h.shape and normed.stride(1) == 1 and normed.dtype == h.dtype
     launch_linear(x, weight, bias, h, config, eps=eps,
                   norm_after=(residual, norm_weight, normed))
     return normed, h

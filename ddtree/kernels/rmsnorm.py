@@ -46,11 +46,12 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rstd, weight), mask=mask)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float,
-             residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None,
+             out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The Triton kernel of `rms_norm_reference`: x, residual (T, H) with contiguous rows;
     weight (H,) in x's dtype. One program per row. Returns (normed (T, H), h), h = x when
-    there is no residual, else a new (T, H) tensor holding x + residual."""
+    there is no residual, else a new (T, H) tensor holding x + residual; `out`: where the
+    normed rows go (T, H) with contiguous rows (a view into a larger buffer)."""
     assert x.dim() == 2 and x.stride(1) == 1, "x must be (T, H) with contiguous rows"
     assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), x.dtype
     num_rows, hidden = x.shape
@@ -59,8 +60,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float,
     if residual is not None:
         assert residual.shape == x.shape and residual.stride(1) == 1, residual.shape
         assert residual.dtype == x.dtype and residual.device == x.device, residual.dtype
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    h = x if residual is None else torch.empty_like(out)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    assert out.shape == x.shape and out.stride(1) == 1 and out.dtype == x.dtype, out.shape
+    h = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     if num_rows == 0:
         return out, h
     block = triton.next_power_of_2(hidden)

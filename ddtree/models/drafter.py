@@ -151,14 +151,16 @@ class DFlashDrafter(nn.Module):
         """features: (B, C, k*H) concatenated target layer outputs -> (B, C, H) context."""
         return self.hidden_norm(self.fc(features))
 
-    def fuse_infer(self, features: Tensor, backend: ops.Backend) -> Tensor:
+    def fuse_infer(self, features: Tensor, backend: ops.Backend,
+                   out: Tensor | None = None) -> Tensor:
         """`fuse` through the backend (inference): the batch-invariant GEMM and the RMSNorm
         kernel on the GPU (two launches, where `fc` through cuBLAS and the norm's eight
         PyTorch operations were nine, and whose bits followed the batch), the same
-        operations as `fuse` on the references."""
+        operations as `fuse` on the references. `out` (rows, H): where the result goes."""
         rows = features.reshape(-1, features.shape[-1]).to(self.fc.weight.dtype).contiguous()
         h = ops.linear(backend, rows, self.fc.weight)
-        normed, _ = ops.rms_norm(backend, h, self.hidden_norm.weight, self.hidden_norm.eps)
+        normed, _ = ops.rms_norm(backend, h, self.hidden_norm.weight, self.hidden_norm.eps,
+                                 out=out)
         return normed.view(*features.shape[:-1], -1)
 
     def new_pool(self, num_slots: int, max_len: int) -> KVPool:
@@ -212,22 +214,28 @@ class DFlashDrafter(nn.Module):
         the block's QKV GEMM (one read of its weight a layer instead of two)."""
         block_size = self.config.block_size
         meta = block_meta(slots, context_len, block_size, pool.max_len)
-        stored = stored_rows(context[1], meta) if context is not None else None
         x = self.block_embeddings(bonus[:, None], embeddings, block_size)  # (B, b, H)
-        return self.draft_block(pool, x.reshape(slots.shape[0] * block_size, -1), meta,
-                                embeddings, backend,
-                                context[0] if context is not None else None, stored)
+        x = x.reshape(slots.shape[0] * block_size, -1)  # (T, H)
+        if context is None:
+            return self.draft_block(pool, x, meta, embeddings, backend)
+        joined = torch.cat([context[0], torch.empty_like(x)])  # (C + T, H)
+        return self.draft_block(pool, x, meta, embeddings, backend, joined,
+                                stored_rows(context[1], meta))
 
     def draft_block(self, pool: KVPool, x: Tensor, meta: AttentionMeta,
                     embeddings: TargetEmbeddings, backend: Backend,
-                    prefix: Tensor | None = None, stored: AttentionMeta | None = None
+                    joined: Tensor | None = None, stored: AttentionMeta | None = None
                     ) -> Tensor:
         """`draft`'s layers over its inputs: x (T, H) the blocks' embeddings (T = B * b),
-        meta their queries (`block_meta`); prefix (C, H) new context rows projected in the
-        blocks' QKV GEMMs, `stored` where all C + T rows' K/V go. -> (B, L, V) float32."""
+        meta their queries (`block_meta`). `joined` (C + T, H): its first C rows new
+        context rows (`fuse_infer`'s), projected in the blocks' QKV GEMMs before the
+        blocks' normed rows, which every layer's norm writes into its last T rows (no
+        concatenation a layer); `stored`: where all C + T rows' K/V go. -> (B, L, V)
+        float32."""
         block_size = self.config.block_size
         batch = x.shape[0] // block_size
-        num_context = prefix.shape[0] if prefix is not None else 0
+        num_context = joined.shape[0] - x.shape[0] if joined is not None else 0
+        normed_rows = joined[num_context:] if joined is not None else None
         stream = ops.Stream(x)
         inv_freq = self.rotary.inv_freq
         layers = [cast(DraftLayer, module) for module in self.layers]
@@ -239,14 +247,16 @@ class DFlashDrafter(nn.Module):
             norm = layer.input_layernorm
             qkv, residual = ops.norm_linear(backend, stream, norm.weight, norm.eps,
                                             attn.qkv_weight, attn.qkv_bias, defer=True,
-                                            prefix=prefix)
+                                            joined=joined)
             out = attn.forward_pool(backend, qkv, meta, inv_freq, pool.k[i], pool.v[i],
                                     stored, num_context)
             norm = layer.post_attention_layernorm
             stream = ops.join_residual(backend, out, attn.o_proj.weight, attn.o_proj.bias,
                                        residual, (norm.weight, norm.eps))
-            stream = ops.norm_swiglu_down(backend, stream, norm.weight, norm.eps,
-                                          mlp.gate_up_weight, mlp.down_proj.weight, after[i])
+            stream = ops.norm_swiglu_down(  # the next layer's normed rows into `joined`
+                backend, stream, norm.weight, norm.eps, mlp.gate_up_weight,
+                mlp.down_proj.weight, after[i],
+                normed_out=normed_rows if i + 1 < len(layers) else None)
         h, _ = ops.normalize(backend, stream, self.norm.weight, self.norm.eps)
         h = h.view(batch, block_size, -1)[:, 1:].reshape(batch * (block_size - 1), -1)
         logits = ops.linear(backend, h, embeddings.lm_head.weight, out_dtype=torch.float32)

@@ -100,11 +100,13 @@ def linear(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None = No
 
 
 def rms_norm(backend: Backend, x: Tensor, weight: Tensor, eps: float,
-             residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """x, residual: (T, H) -> (normed, h) with h = x + residual (or x)."""
+             residual: Tensor | None = None, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x, residual: (T, H) -> (normed, h) with h = x + residual (or x); `out` (T, H): where
+    the normed rows go."""
     if backend.kernels:
-        return rmsnorm.rms_norm(x, weight, eps, residual)
-    return rmsnorm.rms_norm_reference(x, weight, eps, residual)
+        return rmsnorm.rms_norm(x, weight, eps, residual, out)
+    normed, h = rmsnorm.rms_norm_reference(x, weight, eps, residual)
+    return (normed, h) if out is None else (out.copy_(normed), h)
 
 
 @dataclass(frozen=True)
@@ -135,32 +137,43 @@ def norms_after(input_norms: Sequence[Norm], final_norm: Norm) -> list[tuple[Ten
     return [(norm.weight, norm.eps) for norm in (*input_norms[1:], final_norm)]
 
 
-def normalize(backend: Backend, stream: Stream, norm_weight: Tensor,
-              eps: float) -> tuple[Tensor, Tensor]:
+def normalize(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
+              out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """-> (rms_norm(h) (T, H), h), h the summed stream: computed, or taken from the reduce
-    kernel that already ran this norm."""
+    kernel that already ran this norm. `out` (T, H): where the normed rows must be (a
+    copy only where the reduce kernel wrote them elsewhere)."""
     if stream.normed is not None:
-        return stream.normed, stream.x
-    return rms_norm(backend, stream.x, norm_weight, eps, stream.residual)
+        if out is None or _same_view(stream.normed, out):
+            return stream.normed, stream.x
+        return out.copy_(stream.normed), stream.x
+    return rms_norm(backend, stream.x, norm_weight, eps, stream.residual, out)
+
+
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
 
 
 def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
                 weight: Tensor, bias: Tensor | None = None, defer: bool = False,
-                prefix: Tensor | None = None,
+                joined: Tensor | None = None,
                 ) -> tuple[Tensor | matmul.SplitPartials | matmul.PendingLinear, Tensor]:
     """norm_weight: (H,); weight: (N, H) -> (linear(rms_norm(h)) (T, N), h), h the summed
     residual stream (T, H): `rms_norm` then `linear`, in one GEMM when fused. With `defer`
     the QKV GEMM is left to `rope_store` to finish: a tiling that splits K leaves its
     partial sums (`Backend.reduce_fusions`, matmul.SplitPartials), one that does not is
     not run yet (`Backend.rope_epilogue`, matmul.PendingLinear: `rope_store` runs it with
-    RoPE as its epilogue). `prefix` (P, H): rows that need no norm, projected in the same
-    GEMM before the normed rows (-> (P + T, N); one read of the weight for both)."""
-    if backend.fuses_prologues and stream.normed is None and prefix is None:
+    RoPE as its epilogue). `joined` (P + T, H): its first P rows need no norm and are
+    projected in the same GEMM before the normed rows, which go to (or, written there by
+    the projection before: `norm_swiglu_down`'s `normed_out`, are found in) its last T
+    (-> (P + T, N); one read of the weight for both, no concatenation)."""
+    if backend.fuses_prologues and stream.normed is None and joined is None:
         return fused_linear.norm_linear(stream.x, stream.residual, norm_weight, eps, weight,
                                         bias)
-    normed, h = normalize(backend, stream, norm_weight, eps)
-    if prefix is not None:
-        normed = torch.cat([prefix, normed])
+    rows = joined[joined.shape[0] - stream.x.shape[0]:] if joined is not None else None
+    normed, h = normalize(backend, stream, norm_weight, eps, rows)
+    if joined is not None:
+        normed = joined
     if defer and backend.kernels and backend.invariant:
         if backend.reduce_fusions:
             partials = matmul.linear_partials(normed, weight, bias)
@@ -173,15 +186,19 @@ def norm_linear(backend: Backend, stream: Stream, norm_weight: Tensor, eps: floa
 
 def join_residual(backend: Backend, x: Tensor, weight: Tensor, bias: Tensor | None,
                   residual: Tensor, next_norm: tuple[Tensor, float] | None,
-                  reduce: Callable[[Tensor], Tensor] | None = None) -> Stream:
+                  reduce: Callable[[Tensor], Tensor] | None = None,
+                  normed_out: Tensor | None = None) -> Stream:
     """A projection whose output joins the residual stream (o_proj, down): x (T, K),
     weight (N, K), residual (T, N) -> the Stream for the next norm, `next_norm` = (its
     weight, eps). With `Backend.reduce_fusions` and a tiling that splits K the GEMM's reduce
     kernel adds the residual and runs that norm (fused_linear.linear_norm, same bits).
-    `reduce` all-reduces a sharded projection's output before the add (no fusion)."""
+    `reduce` all-reduces a sharded projection's output before the add (no fusion).
+    `normed_out`: where that fused norm writes its rows (the next `norm_linear`'s
+    `joined`)."""
     if (backend.kernels and backend.invariant and backend.reduce_fusions and reduce is None
             and next_norm is not None):
-        fused = fused_linear.linear_norm(x, weight, bias, residual, *next_norm)
+        fused = fused_linear.linear_norm(x, weight, bias, residual, *next_norm,
+                                         normed_out=normed_out)
         if fused is not None:
             return Stream(fused[1], None, fused[0])
     out = linear(backend, x, weight, bias)
@@ -228,25 +245,27 @@ def silu_mul(backend: Backend, gate_up: Tensor) -> Tensor:
 def norm_swiglu_down(backend: Backend, stream: Stream, norm_weight: Tensor, eps: float,
                      gate_up_weight: Tensor, down_weight: Tensor,
                      next_norm: tuple[Tensor, float] | None,
-                     reduce: Callable[[Tensor], Tensor] | None = None) -> Stream:
+                     reduce: Callable[[Tensor], Tensor] | None = None,
+                     normed_out: Tensor | None = None) -> Stream:
     """The MLP of a pre-norm block -> the Stream after it: down(silu(gate) * up) of
     rms_norm(h) joined to h, the stream before it. With the invariant kernels and
     `Backend.swiglu_epilogue` the gate_up GEMM stores silu(gate) * up itself (same bits,
     one launch fewer; fused_linear.linear_swiglu); with `fused` the norm and SwiGLU are
-    the GEMMs' prologues instead. `next_norm`: as `join_residual`'s."""
+    the GEMMs' prologues instead. `next_norm`, `normed_out`: as `join_residual`'s."""
     if backend.kernels and backend.invariant and backend.swiglu_epilogue and not backend.fused:
         config = fused_linear.swiglu_epilogue_rows_config(gate_up_weight, stream.x.shape[0])
         if config is not None:
             normed, h = normalize(backend, stream, norm_weight, eps)
             act = fused_linear.linear_swiglu(normed, gate_up_weight, config)
-            return join_residual(backend, act, down_weight, None, h, next_norm, reduce)
+            return join_residual(backend, act, down_weight, None, h, next_norm, reduce,
+                                 normed_out)
     gate_up, h = norm_linear(backend, stream, norm_weight, eps, gate_up_weight)
     assert isinstance(gate_up, Tensor)  # (no deferred reduce asked)
     if backend.fuses_prologues:  # the SwiGLU prologue; the next norm runs on its own
         out = swiglu_down(backend, gate_up, down_weight)
         return Stream(reduce(out) if reduce is not None else out, h)
     return join_residual(backend, silu_mul(backend, gate_up), down_weight, None, h, next_norm,
-                         reduce)
+                         reduce, normed_out)
 
 
 def swiglu_down(backend: Backend, gate_up: Tensor, weight: Tensor,

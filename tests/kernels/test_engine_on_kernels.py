@@ -10,6 +10,7 @@ import torch
 from ddtree.engine import Engine, EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.config import plan_pool
 from ddtree.engine.drafting import LocalDrafter
+from ddtree.kernels import matmul
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
 from ddtree.models.meta import context_meta
 from ddtree.models.ops import Backend
@@ -183,13 +184,38 @@ def test_the_rope_epilogue_serves_the_tokens_served_without_it(
     assert launched["epilogue"] == 0
 
 
-def test_context_rows_in_the_blocks_qkv_gemm_store_and_draft_the_separate_bits(pair) -> None:
+def deep_drafter(target: TargetModel) -> DFlashDrafter:
+    """Two layers and a 1,024-wide MLP (its down projection splits K when the split is
+    allowed for small weights: the next layer's norm then runs in that GEMM's reduce)."""
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(DrafterConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, intermediate_size=1024, vocab_size=96, block_size=4,
+        num_target_layers=2, target_layer_ids=(0, 1), has_mask_embedding=False,
+        mask_token_id=5))
+    for name, param in drafter.named_parameters():
+        torch.nn.init.normal_(param, std=0.3 if "mlp" not in name else 0.05)
+        if "norm" in name:
+            param.data = 1 + param.data / 3
+    return drafter.eval().requires_grad_(False).fuse_weights()
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_context_rows_in_the_blocks_qkv_gemm_store_and_draft_the_separate_bits(
+        pair, deep: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the kernels a round's new context rows are projected in each layer's block QKV
     GEMM (`LocalDrafter.draft_logits`): the block's logits and every real row's K/V are
     those of appending the context first, bit for bit (the ignored rows past a row's
     pending count go to the scratch row instead of under the block). The draft half's
-    inputs from PyTorch's builders instead of `draft_prologue`'s kernels: the same."""
+    inputs from PyTorch's builders instead of `draft_prologue`'s kernels: the same.
+    `deep`: two layers (a mask token, no mask embedding), the next layer's normed rows
+    written into the joined buffer by the down projection's split-K reduce."""
     target, drafter = pair
+    if deep:
+        monkeypatch.setattr(matmul, "MIN_SPLIT_BYTES", 0)
+        drafter = deep_drafter(target)
+        config = matmul.linear_config(128, 1024, torch.float32, 8)
+        assert matmul.splits_of(config, 1024) > 1
     local = LocalDrafter(drafter, target.embeddings, 3, 40, backend=Backend(kernels=True))
     block = drafter.config.block_size
     gen = torch.Generator().manual_seed(7)
