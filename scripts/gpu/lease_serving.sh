@@ -937,13 +937,13 @@ PY
   ;;
 125)
   # (warm after 124) the concurrency curves at the current engine (engine_bench.py
-  # --stages load: ar, tree@16, tree@64, auto at c1 / c8 / c32 / c64, cold then warm;
-  # last measured in lease 11's call 37)
+  # --stages load: per concurrency c1 / c8 / c32 / c64 ar, tree@16, tree@64, auto, cold
+  # then warm, then ar and auto warm once more, alternated: their means)
   [ -f $T/config.json ] || stage_target
   [ -f /tmp/linear_tuned.json ] && cp /tmp/linear_tuned.json ddtree/kernels/linear_tuned.json
   mark "load curves"
   timeout 280 python3 scripts/gpu/engine_bench.py --stages load --target $T --drafter $D \
-    --humaneval $H 2>&1 | grep -v Warn | tail -34 | tee "$OUT/load_curves.txt"
+    --humaneval $H 2>&1 | grep -v Warn | tail -48 | tee "$OUT/load_curves.txt"
   pack_all $1
   mark done
   ;;
