@@ -153,7 +153,7 @@ class LocalDrafter:
         num_pending are ignored). -> (B, L, V) float32.
 
         On the batch-invariant kernels (`Backend.context_in_block`) each layer projects
-        the context rows in the block's QKV GEMM (`draft_block`'s `prefix`: the same bits,
+        the context rows in the block's QKV GEMM (`draft_block`'s `joined`: the same bits,
         each row's own; one read of the weight a layer where there were two), the ignored
         rows stored in the scratch row, and where every row goes and the blocks' inputs
         come from one kernel (`draft_prologue.block_inputs`); elsewhere the context is
