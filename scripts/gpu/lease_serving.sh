@@ -850,10 +850,11 @@ PY
   ;;
 137)
   # (warm, nothing staged) the tree build kernel at 2, 4 (the kernel's), 8 and 16 warps a
-  # row's program (at 63 nodes and batch 1 it is one program, ~64-100 us of the 8B drafter
-  # block: 15 sorts of 512 candidate keys one after another)
+  # row's program, and at 4 with each depth's full sort instead of the top-W (at 63 nodes
+  # and batch 1 it is one program, ~64-100 us of the 8B drafter block: 15 selections from
+  # 512 candidate keys one after another); every case's trees compared
   mark "tree build warps"
-  timeout 150 python3 scripts/gpu/tree_build_bench.py --warps 2,4,8,16 2>&1 \
+  timeout 150 python3 scripts/gpu/tree_build_bench.py --warps 2,4,8,16 --sort 2>&1 \
     | grep -v Warn | tee "$OUT/tree_build_warps.txt" | tail -8
   pack_all $1
   mark done

@@ -31,6 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--against", default="", help="another tree_build.py to compare")
     parser.add_argument("--warps", default="4", help="this version's warps to time, e.g. 1,2,4")
+    parser.add_argument("--sort", action="store_true",
+                        help="also each depth's beam by a full sort (before the top-W)")
     parser.add_argument("--wide-beams", action="store_true",
                         help="also at min(N, K^d) prefixes a depth (the former widths)")
     args = parser.parse_args()
@@ -57,12 +59,15 @@ def main() -> None:
             wide = tuple(min(num_nodes, num_nodes ** d) for d in range(1, DEPTH + 1))
             outs, times = {}, {}
             cases = [(f"this/{w}w", tree_build, w, widths) for w in warps]
+            if args.sort:
+                cases.append(("sort/4w", tree_build, -4, widths))
             if args.wide_beams:
                 cases.append(("wide beams", tree_build, 4, wide))
             if "other" in versions:
                 cases.append(("other", versions["other"], 4, widths))
             for name, module, num_warps, beams in cases:
-                extra = {"num_warps": num_warps} if module is tree_build else {}
+                extra = ({"num_warps": abs(num_warps), "select_topk": num_warps > 0}
+                         if module is tree_build else {})
 
                 def build(module=module, extra=extra, beams=beams):  # noqa: ANN202
                     return module.tree_from_ranks(logits, lse, ranks, ones, beams, num_nodes,

@@ -62,3 +62,25 @@ def test_vocabulary_smaller_than_the_tree() -> None:
 def test_supports_says_when_the_union_is_too_small() -> None:
     assert tree_build.supports(64, 64, _beam_widths(64, 64, 15))
     assert not tree_build.supports(20, 2, _beam_widths(20, 2, 2))  # 2 + 4 prefixes < 20
+
+
+def test_the_top_w_selection_gives_the_full_sorts_trees() -> None:
+    """Each depth's beam from a bitonic top-W of its candidate keys (the default) or from
+    a full sort of them: the same trees, bitwise (64 candidates of 4 ranks -> beams of 16,
+    many exact ties)."""
+    gen = torch.Generator().manual_seed(3)
+    batch, depth, num_nodes = 4, 5, 16
+    logits = torch.randint(0, 4, (batch, depth, 300), generator=gen).float()
+    logits[:2] = 2 * torch.randn(2, depth, 300, generator=gen)
+    lse = torch.logsumexp(logits, dim=-1)
+    ranks = logits.topk(num_nodes, dim=-1).indices
+    widths = _beam_widths(num_nodes, num_nodes, depth)
+    bonus, budget, force, max_topk = (torch.arange(batch), torch.full((batch,), num_nodes),
+                                      torch.tensor([False, True, False, True]),
+                                      torch.tensor([0, 0, 3, 0]))
+    topk = tree_build.tree_from_ranks(logits, lse, ranks, bonus, widths, num_nodes, budget,
+                                      force, max_topk)
+    sort = tree_build.tree_from_ranks(logits, lse, ranks, bonus, widths, num_nodes, budget,
+                                      force, max_topk, select_topk=False)
+    for mine, theirs in zip(topk, sort, strict=True):
+        assert torch.equal(mine, theirs)
