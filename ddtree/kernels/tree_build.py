@@ -8,10 +8,11 @@ kernels of 1-5 us each. Here one program per row does the whole beam search in r
 and a few kilobytes of scratch (in L2): it loads every depth's top-K tokens and their
 log-probabilities first (none depends on the beams); per depth it forms the candidate
 extensions (parent beam position, token rank) that can enter the beam, their scores from
-the previous beam's (`tl.gather`, in registers), sorts their unique keys (score
-descending, then the candidate's index: what a stable sort does), keeps the best `width`;
-then it sorts the union of all depths by (chain first where asked, score, union index),
-takes the first N and remaps parents to node indices. (Loading each depth's tokens, then
+the previous beam's (`tl.gather`, in registers), ranks their unique keys (score
+descending, then the candidate's index: what a stable sort does) and keeps the best
+`width` (a bitonic top-W: the first W of a sort, with less work); then it takes the best N
+of the union of all depths by (chain first where asked, score, union index) and remaps
+parents to node indices. (Loading each depth's tokens, then
 their log-probabilities, then the previous beam from scratch, one after another, cost
 2.2 us more at 16 nodes and 28 us more at 63 on the H200: lease 34.)
 
@@ -139,12 +140,17 @@ def _tree_build_kernel(
     score = tl.load(s_score + u, mask=in_union, other=neg_inf)
     chain = tl.load(union_chain_ptr + u, mask=in_union, other=0) != 0
     flag = tl.where(in_union, tl.where(force & chain, 2, 1), 0)
-    tl.store(s_key + u, tl.sort(_order_key(score, u, flag), descending=True))
-    tl.store(s_node + u, tl.zeros([U_PAD], dtype=tl.int32))
-    tl.debug_barrier()
+    union_keys = _order_key(score, u, flag)
     i = tl.arange(0, N_PAD)
     is_node = i < NUM_NODES
-    pick = tl.where(is_node, _index_of(tl.load(s_key + i, mask=is_node, other=0)), 0)
+    tl.store(s_node + u, tl.zeros([U_PAD], dtype=tl.int32))
+    if TOPK:  # the best N_PAD, best first
+        pick = tl.where(is_node, _index_of(tl.topk(union_keys, N_PAD)), 0)
+        tl.debug_barrier()
+    else:
+        tl.store(s_key + u, tl.sort(union_keys, descending=True))
+        tl.debug_barrier()
+        pick = tl.where(is_node, _index_of(tl.load(s_key + i, mask=is_node, other=0)), 0)
     tl.store(s_node + pick, (i + 1).to(tl.int32), mask=is_node)
     tl.debug_barrier()
     score = tl.load(s_score + pick, mask=is_node, other=neg_inf)
@@ -235,7 +241,8 @@ def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Ten
     num_warps: the program's (4: scripts/gpu/tree_build_bench.py timed 1 and 2 slower
     above 16 nodes). `select_topk`: each depth's beam from a bitonic top-W of its
     candidate keys (at 63 nodes the best 64 of 512: ~40% fewer compare-exchanges than
-    sorting all 512) instead of a full sort; the same keys, the same trees."""
+    sorting all 512) and the nodes from a top-N of the union (64 of 1,024) instead of
+    full sorts; the same keys, the same trees."""
     batch, num_levels, _ = logits.shape
     num_ranks = rank_tokens.shape[2]
     assert logits.dtype == torch.float32 and logits.stride(2) == 1, (logits.dtype,
@@ -247,6 +254,7 @@ def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Ten
     tables, num_union, m_pad, w_pad = _tables(num_ranks, widths, device)
     assert w_pad <= m_pad, (w_pad, m_pad)  # a depth's width never exceeds its candidates
     u_pad, n_pad = _pow2(num_union), _pow2(num_nodes)
+    assert n_pad <= u_pad, (n_pad, u_pad)  # `supports`: the union holds N nodes at least
     key_pad = max(m_pad, u_pad)
     s_score = torch.empty(batch, u_pad, dtype=torch.float32, device=device)
     s_token = torch.empty(batch, u_pad, dtype=torch.int64, device=device)
