@@ -314,13 +314,6 @@ def rank_log_probs(logits: Tensor, rank_tokens: Tensor, lse: Tensor) -> Tensor:
     return torch.where(logp == 0, 0.0, logp)
 
 
-def draft_log_probs(logits: Tensor) -> Tensor:
-    """The whole (..., V) of `rank_log_probs`' values on the CPU's path (torch's
-    log-sum-exp): what tests/unit/heap_reference.py scores prefixes with."""
-    logp = logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
-    return torch.where(logp == 0, 0.0, logp)
-
-
 def _stable_topk(x: Tensor, k: int) -> Tensor:
     """Indices of the k largest values along the last dim of a float32 x (..., V),
     largest first, ties to the lower index (-0.0 ties 0.0).
