@@ -222,11 +222,10 @@ def _linear_kernel(
         if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
             tl.debug_barrier()  # the acquire seen by every thread before its loads
             for row in range(0, num_rows):
-                for c0 in range(0, N, REDUCE_BLOCK):
-                    _reduce_row(part_ptr, bias_ptr, out_ptr, after_r_ptr, after_nw_ptr,
-                                after_y_ptr, row, c0 + tl.arange(0, REDUCE_BLOCK), num_rows,
-                                N, eps, stride_om, stride_after_r, stride_after_y, HAS_BIAS,
-                                SPLIT_K, NORM_AFTER, ".cg")
+                _serial_reduce_row(part_ptr, bias_ptr, out_ptr, after_r_ptr, after_nw_ptr,
+                                   after_y_ptr, row, num_rows, N, eps, stride_om,
+                                   stride_after_r, stride_after_y, HAS_BIAS, SPLIT_K,
+                                   NORM_AFTER, REDUCE_BLOCK)
             tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")  # for the next launch
 
 
@@ -282,32 +281,18 @@ def _split_k_reduce_kernel(
     stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
     NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
-    """The splits' partials summed in split order (+ bias), rounded to the output; with
-    NORM (one program per row, BLOCK >= N) the RMSNorm after the projection too
-    (`_reduce_row`)."""
+    """The splits' partials summed in split order (+ bias), rounded to the output. With
+    NORM (one program per row, BLOCK >= N) the RMSNorm after the projection too: out gets
+    h = out + residual (the residual stream) and y the normed h, the steps and the order
+    of `rmsnorm._rms_norm_kernel` (the statistics read back from h as that kernel reads
+    them): the same bits as the GEMM then `rms_norm(out, norm_weight, eps, residual)`."""
     wait_for_inputs(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    _reduce_row(part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, row, cols, num_rows, N,
-                eps, stride_om, stride_rm, stride_ym, HAS_BIAS, SPLIT_K, NORM, "")
-
-
-@triton.jit
-def _reduce_row(part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, row, cols, num_rows, N,
-                eps, stride_om, stride_rm, stride_ym, HAS_BIAS: tl.constexpr,
-                SPLIT_K: tl.constexpr, NORM: tl.constexpr, CACHE: tl.constexpr):
-    """One row's columns `cols`: the splits' partials summed in split order (+ bias),
-    rounded to the output. With NORM (cols covering the whole row) the RMSNorm after the
-    projection too: out gets h = out + residual (the residual stream) and y the normed h,
-    the steps and the order of `rmsnorm._rms_norm_kernel` (the statistics read back from
-    h as that kernel reads them): the same bits as the GEMM then `rms_norm(out,
-    norm_weight, eps, residual)`. CACHE: the partials' loads' cache modifier (".cg" where
-    other programs of the same launch wrote them: past the L1)."""
     mask = cols < N
-    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0, cache_modifier=CACHE)
+    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0)
     for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
-        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0,
-                       cache_modifier=CACHE)
+        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out = acc.to(out_ptr.dtype.element_ty)
@@ -326,9 +311,48 @@ def _reduce_row(part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, row, cols, nu
         tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
 
 
+@triton.jit
+def _serial_reduce_row(part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, row, num_rows, N,
+                       eps, stride_om, stride_rm, stride_ym, HAS_BIAS: tl.constexpr,
+                       SPLIT_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr):
+    """`_split_k_reduce_kernel`'s work for one whole row in BLOCK-column chunks (a GEMM
+    program's registers hold one chunk, not the row): the sums in split order, the bias
+    and the residual added and h stored chunk by chunk, then (NORM) the statistics read
+    back from h by the same `sum_squares`, then y chunk by chunk - elementwise steps and
+    the same reduction, so the same bits. The partials come past the L1 (other programs
+    of the launch wrote them)."""
+    for c0 in range(0, N, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        mask = cols < N
+        acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0, cache_modifier=".cg")
+        for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
+            acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask,
+                           other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        out = acc.to(out_ptr.dtype.element_ty)
+        if NORM:
+            r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0)
+            out = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)  # as `residual_sum`
+        tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
+    if NORM:
+        tl.debug_barrier()  # this program's stores of h visible to all its threads
+        one = tl.full([1], True, tl.int1)
+        sum_sq = sum_squares(out_ptr, out_ptr, out_ptr, row + tl.arange(0, 1), one, one,
+                             stride_om, stride_om, stride_om, N, False, 1, 16)
+        rstd = inverse_rms(sum_sq, N, eps)
+        for c0 in range(0, N, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            mask = cols < N
+            h = tl.load(out_ptr + row * stride_om + cols, mask=mask, other=0.0)
+            weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
+            tl.store(y_ptr + row * stride_ym + cols, rms_scale(h, rstd, weight), mask=mask)
+
+
 # The serial reduce (`set_serial_reduce`): a split-K launch of at most this many rows has
 # its last program sum the partials (and run the norm after it), one launch instead of two.
 SERIAL_MAX_ROWS = 2
+SERIAL_BLOCK = 1024  # columns its last program sums at a time
 _serial_reduce = os.environ.get("DDTREE_SERIAL_REDUCE", "0") == "1"
 
 
@@ -342,9 +366,9 @@ def set_serial_reduce(enabled: bool) -> bool:
     sums in split order; each launch boundary costs a few microseconds even under
     dependent launches. Here every program stores its partials, then counts itself in
     (an atomic, release / acquire at GPU scope, after a barrier over its threads); the
-    last one sums every split of the rows in split order with the same code as the reduce
-    kernel (`_reduce_row`: the same bits, the same norm after it) and sets the counter
-    back to 0. Launches are stream-ordered (a dependent launch waits for the previous
+    last one sums every split of the rows in split order and runs the norm after them
+    with the reduce kernel's steps (`_serial_reduce_row`: the same bits) and sets the
+    counter back to 0. Launches are stream-ordered (a dependent launch waits for the previous
     grid before its atomic), so one counter per device and stream serves them all."""
     global _serial_reduce
     previous, _serial_reduce = _serial_reduce, bool(enabled)
@@ -526,9 +550,7 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         extra = dict(
             counter_ptr=serial_counter(x.device), after_r_ptr=r_arg, after_nw_ptr=nw_arg,
             after_y_ptr=y_arg, stride_after_r=r_arg.stride(0), stride_after_y=y_arg.stride(0),
-            SERIAL=True, NORM_AFTER=norm_after is not None,
-            REDUCE_BLOCK=(triton.next_power_of_2(out_features) if norm_after is not None
-                          else 1024))
+            SERIAL=True, NORM_AFTER=norm_after is not None, REDUCE_BLOCK=SERIAL_BLOCK)
     lines, num_prefetch = weight_prefetch(weight, config, pdl, split_k, blocks_per_split)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
