@@ -60,7 +60,7 @@ def _gather_rows_kernel(rows_ptr, ints_ptr, columns_ptr, table_ptr, pending_ptr,
     tl.store(out_ptr + (r * BLOCK + j) * width + w, values, mask=inside)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache  # never evicted: captured graphs read these tensors
 def _columns(columns: tuple[int, ...], device: torch.device) -> Tensor:
     """The column indices on the device (built eagerly: graphs warm up before they
     capture)."""

@@ -186,7 +186,7 @@ def prologue_metas(positions: Tensor, write_slot: Tensor, prefix: Tensor, block_
     return block, stored
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # never evicted: captured graphs read these tensors
 def _block_constants(num_tokens: int, block_size: int,
                      device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """(T, b) keys 0..b-1 of every block query, (T,) b, (2T,) zeros: shapes only, built
