@@ -290,16 +290,10 @@ def _split_k_reduce_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0)
-    for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
-        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out = acc.to(out_ptr.dtype.element_ty)
+    out = _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N,
+                     stride_rm, HAS_BIAS, SPLIT_K, NORM, "")
+    tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
     if NORM:
-        r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0)
-        out = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)  # as `residual_sum`
-        tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
         tl.debug_barrier()  # this program's stores of h visible to all its threads
         one = tl.full([1], True, tl.int1)
         sum_sq = sum_squares(out_ptr, out_ptr, out_ptr, row + tl.arange(0, 1), one, one,
@@ -307,8 +301,26 @@ def _split_k_reduce_kernel(
         weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
         tl.store(y_ptr + row * stride_ym + cols,
                  rms_scale(out, inverse_rms(sum_sq, N, eps), weight), mask=mask)
-    else:
-        tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
+
+
+@triton.jit
+def _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N, stride_rm,
+               HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr,
+               CACHE: tl.constexpr):
+    """One row's columns `cols` of a split-K output: the splits' partials summed in split
+    order (+ bias), rounded to the output's dtype, the residual added (RESIDUAL, rounded
+    as `residual_sum`). CACHE: the partials' loads' cache modifier (".cg" past the L1)."""
+    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0, cache_modifier=CACHE)
+    for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
+        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0,
+                       cache_modifier=CACHE)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    out = acc.to(out_ptr.dtype.element_ty)
+    if RESIDUAL:
+        r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0)
+        out = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)
+    return out
 
 
 @triton.jit
@@ -316,24 +328,15 @@ def _serial_reduce_row(part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, row, n
                        eps, stride_om, stride_rm, stride_ym, HAS_BIAS: tl.constexpr,
                        SPLIT_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr):
     """`_split_k_reduce_kernel`'s work for one whole row in BLOCK-column chunks (a GEMM
-    program's registers hold one chunk, not the row): the sums in split order, the bias
-    and the residual added and h stored chunk by chunk, then (NORM) the statistics read
-    back from h by the same `sum_squares`, then y chunk by chunk - elementwise steps and
-    the same reduction, so the same bits. The partials come past the L1 (other programs
-    of the launch wrote them)."""
+    program's registers hold one chunk, not the row): `_split_sum` and h stored chunk by
+    chunk, then (NORM) the statistics read back from h by the same `sum_squares`, then y
+    chunk by chunk - elementwise steps and the same reduction, so the same bits. The
+    partials come past the L1 (other programs of the launch wrote them)."""
     for c0 in range(0, N, BLOCK):
         cols = c0 + tl.arange(0, BLOCK)
         mask = cols < N
-        acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0, cache_modifier=".cg")
-        for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
-            acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask,
-                           other=0.0, cache_modifier=".cg")
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        out = acc.to(out_ptr.dtype.element_ty)
-        if NORM:
-            r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0)
-            out = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)  # as `residual_sum`
+        out = _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N,
+                         stride_rm, HAS_BIAS, SPLIT_K, NORM, ".cg")
         tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
     if NORM:
         tl.debug_barrier()  # this program's stores of h visible to all its threads

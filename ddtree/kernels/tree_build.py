@@ -255,7 +255,7 @@ def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Ten
     assert w_pad <= m_pad, (w_pad, m_pad)  # a depth's width never exceeds its candidates
     u_pad, n_pad = _pow2(num_union), _pow2(num_nodes)
     assert n_pad <= u_pad, (n_pad, u_pad)  # `supports`: the union holds N nodes at least
-    key_pad = max(m_pad, u_pad)
+    key_pad = 1 if select_topk else max(m_pad, u_pad)  # the sorts' scratch (A/B only)
     s_score = torch.empty(batch, u_pad, dtype=torch.float32, device=device)
     s_token = torch.empty(batch, u_pad, dtype=torch.int64, device=device)
     s_parent = torch.empty(batch, u_pad, dtype=torch.int64, device=device)
