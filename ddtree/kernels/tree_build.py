@@ -226,7 +226,7 @@ def _tables(num_ranks: int, widths: tuple[int, ...], device: torch.device
 
 def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Tensor,
                     widths: tuple[int, ...], num_nodes: int, budget: Tensor,
-                    force_chain: Tensor, max_topk: Tensor, num_warps: int = 4,
+                    force_chain: Tensor, max_topk: Tensor, num_warps: int | None = None,
                     select_topk: bool = True,
                     out: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -238,11 +238,10 @@ def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Ten
     -> tokens, parents, depth (B, 1+N) int64, valid (B, 1+N) bool, scores (B, 1+N) float32:
     `build_round_tree`'s tree (which see for the rules); `out`: the first four written
     there (contiguous, those shapes and dtypes: a round's buffers) instead of new tensors.
-    num_warps: the program's (4: scripts/gpu/tree_build_bench.py timed 1 and 2 slower
-    above 16 nodes). `select_topk`: each depth's beam from a bitonic top-W of its
-    candidate keys (at 63 nodes the best 64 of 512: ~40% fewer compare-exchanges than
-    sorting all 512) and the nodes from a top-N of the union (64 of 1,024) instead of
-    full sorts; the same keys, the same trees."""
+    num_warps: the program's (None: `warps_for(num_nodes)`). `select_topk`: each depth's
+    beam from a bitonic top-W of its candidate keys (at 63 nodes the best 64 of 512: ~40%
+    fewer compare-exchanges than sorting all 512) and the nodes from a top-N of the union
+    (64 of 1,024) instead of full sorts; the same keys, the same trees."""
     batch, num_levels, _ = logits.shape
     num_ranks = rank_tokens.shape[2]
     assert logits.dtype == torch.float32 and logits.stride(2) == 1, (logits.dtype,
@@ -284,5 +283,14 @@ def tree_from_ranks(logits: Tensor, lse: Tensor, rank_tokens: Tensor, bonus: Ten
         K_PAD=_pow2(num_ranks), NUM_NODES=num_nodes,
         M_PAD=m_pad, W_PAD=w_pad, U_PAD=u_pad, N_PAD=n_pad, KEY_PAD=key_pad, USE_PDL=pdl,
         TOPK=select_topk,
-        num_warps=num_warps, **launch_kwargs(pdl))
+        num_warps=num_warps or warps_for(num_nodes), **launch_kwargs(pdl))
     return tokens, parents, depth, valid, scores
+
+
+def warps_for(num_nodes: int) -> int:
+    """A row's program's warps by tree size (lease 39, call 137, H200, us a launch at
+    2 / 4 / 8 / 16 warps: 16 nodes 18.7 / 18.0 / 20.8 / 27.2; 32 nodes 29.0 / 26.2 / 30.4 /
+    38.2; 63 nodes 87.1 / 55.2 / 48.3 / 50.7; 127 nodes 203.7 / 139.1 / 108.1 / 101.1;
+    batch 8 the same): the selections' bitonic networks outgrow 4 warps past 32 nodes.
+    The warps only schedule the compare-exchanges of unique keys: the same trees."""
+    return 4 if num_nodes <= 32 else 8 if num_nodes <= 64 else 16

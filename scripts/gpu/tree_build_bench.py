@@ -30,7 +30,8 @@ VOCAB, DEPTH = 49152, 15
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--against", default="", help="another tree_build.py to compare")
-    parser.add_argument("--warps", default="4", help="this version's warps to time, e.g. 1,2,4")
+    parser.add_argument("--warps", default="0",
+                        help="this version's warps to time, e.g. 2,4,8 (0: warps_for)")
     parser.add_argument("--sort", action="store_true",
                         help="also each depth's beam by a full sort (before the top-W)")
     parser.add_argument("--wide-beams", action="store_true",
@@ -66,7 +67,7 @@ def main() -> None:
             if "other" in versions:
                 cases.append(("other", versions["other"], 4, widths))
             for name, module, num_warps, beams in cases:
-                extra = ({"num_warps": abs(num_warps), "select_topk": num_warps > 0}
+                extra = ({"num_warps": abs(num_warps), "select_topk": num_warps >= 0}
                          if module is tree_build else {})
 
                 def build(module=module, extra=extra, beams=beams):  # noqa: ANN202
