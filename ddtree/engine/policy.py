@@ -22,14 +22,20 @@ few rounds, again every REEXPLORE_ROUNDS rounds. (Sizes measured in separate rou
 acceptance at different places of different answers: on the H200 one answer's hard
 opening made every size look like 1.6 tokens a round and sent `auto` to ar for good.)
 Acceptance is a long moving average (TAU_WEIGHT): it varies more along an answer than
-between tree sizes.
+between tree sizes. A round's rows enter it as at most ROUND_SAMPLES samples (their mean):
+the rows that draft in one round are often at the same place of their answers (admitted
+together), and 32 rows' easy openings must not outweigh the history.
 
 Going to ar is the one decision that cannot be undone for the rows it stops, so it waits
 for more evidence than picking a tree size: the best tree's acceptance from AR_MIN_SAMPLES
-rows x rounds, traffic costs as medians (a round stalled by the host's other work does not
+samples, traffic costs as medians (a round stalled by the host's other work does not
 count), and acceptance seen within the last AR_EVIDENCE_ROUNDS rounds. Older evidence makes
 new `auto` rows draft again, so a bucket that once preferred ar is judged again on fresh
-acceptance instead of staying in ar for the life of the server.
+acceptance instead of staying in ar for the life of the server - where the trees were
+near ar: where even STALE_TAU_FACTOR times the acceptance last seen would lose, old
+evidence still decides for ar (refreshing it there means rounds of drafting rows at a
+batch size where one costs several ar rounds; fresh acceptance from any batch size, a
+quieter hour's small batches, judges it again).
 
 Costs come from traffic (each round's wall time, per batch bucket and node bucket, whoever's
 rows ran it: a shape costs the same for auto rows, a request's tree or ar rows) and, where
@@ -65,6 +71,19 @@ COST_WINDOW = 16
 # AR_EVIDENCE_ROUNDS rounds (older evidence is refreshed by new rows, which draft again).
 AR_MIN_SAMPLES = 64
 AR_EVIDENCE_ROUNDS = 10_000
+# One round's accepted paths enter the acceptance averages as at most this many samples
+# (their mean). The rows that draft together are often at the same place of their answers:
+# rows admitted together, or the new rows a bucket sends to draft when its evidence is old
+# (lease 39: at 32 rows, HumanEval answers' openings - the function's signature and
+# docstring copied from the prompt - put the chain's acceptance at 4.2 where the linear
+# mode accepts 2.6, and kept trees in traffic that cost 6.5x an ar round there).
+ROUND_SAMPLES = 4
+# Old acceptance still decides for ar where the best tree, accepting this many times what
+# it was last seen to accept, would still not beat ar by TREE_MARGIN: refreshing the
+# evidence there means tree rounds at a batch size where a round of drafting rows costs
+# several ar rounds (lease 39, closed loop in process: auto served 0.62-0.88x ar at 32
+# rows, redrafting every ~10,000 rounds).
+STALE_TAU_FACTOR = 1.5
 # A measured choice is tried again after this many rounds (engine rounds, `tick`).
 REEXPLORE_ROUNDS = 200
 # The best tree must beat ar's expected rate by this factor for auto rows to keep drafting.
@@ -85,10 +104,11 @@ class _Average:
     count: int = 0
     last_round: int = 0
 
-    def add(self, x: float, round_index: int) -> None:
-        """The plain mean of the first 1 / TAU_WEIGHT samples, then the moving average."""
-        self.count += 1
-        weight = max(TAU_WEIGHT, 1.0 / self.count)
+    def add(self, x: float, round_index: int, samples: int = 1) -> None:
+        """`samples` samples whose mean is x: the plain mean of the first 1 / TAU_WEIGHT
+        samples, then the moving average (each sample weighing TAU_WEIGHT)."""
+        self.count += samples
+        weight = max(1.0 - (1.0 - TAU_WEIGHT) ** samples, samples / self.count)
         self.value = (1 - weight) * self.value + weight * x
         self.last_round = round_index
 
@@ -209,9 +229,7 @@ class BudgetPolicy:
     def _prefers_ar_at(self, batch: int, costs: dict[int, float] | None) -> bool:
         if costs is None:
             return False
-        oldest = self._round - AR_EVIDENCE_ROUNDS
-        if any(c not in self._tau or self._tau[c].count < MIN_SAMPLES
-               or self._tau[c].last_round < oldest for c in self.choices):
+        if any(c not in self._tau or self._tau[c].count < MIN_SAMPLES for c in self.choices):
             return False
         best_choice = max(self.choices, key=lambda c: self._tau[c].value / costs[c])
         if self._tau[best_choice].count < AR_MIN_SAMPLES:
@@ -224,6 +242,9 @@ class BudgetPolicy:
             ar_rate = 1.0 / (AR_COST_PRIOR * chain)
         else:
             return False
+        oldest = self._round - AR_EVIDENCE_ROUNDS
+        if any(self._tau[c].last_round < oldest for c in self.choices):
+            best *= STALE_TAU_FACTOR  # old evidence: ar only where it wins by far
         return TREE_MARGIN * ar_rate > best
 
     def _cost_bounds(self, batch: int) -> dict[int, float] | None:
@@ -271,10 +292,14 @@ class BudgetPolicy:
         self._cost.setdefault((batch, num_nodes), _Window()).add(seconds, self._round)
         sizes = [choice] if choice == self.depth else [  # the chain is not nested
             c for c in self.choices if c != self.depth and c <= choice]
-        for path in paths:
-            for size in sizes:
-                self._tau.setdefault(size, _Average()).add(
-                    float(accepted_within(path, size)), self._round)
+        if not paths:
+            return
+        # One round's rows count as at most ROUND_SAMPLES samples (their mean): rows that
+        # drafted in the same round are often at the same place of their answers.
+        samples = min(len(paths), ROUND_SAMPLES)
+        for size in sizes:
+            mean = sum(accepted_within(path, size) for path in paths) / len(paths)
+            self._tau.setdefault(size, _Average()).add(mean, self._round, samples)
 
 
 def accepted_within(path: list[int], num_nodes: int) -> int:

@@ -1,51 +1,95 @@
-"""Closed loop in process (a finished request is replaced at once), per concurrency: ar,
-auto, ar, auto, 5 s each; tok/s, auto's rows' tau, and the policy snapshot at the end."""
-import argparse, json, os, sys, time
-from pathlib import Path
-sys.path.insert(0, "scripts/gpu")
-import engine_bench as eb
-from ddtree.engine import EngineConfig, GenerationRequest
-from ddtree.engine.generate import build_engine
-from ddtree.sampling import SamplingParams
+"""The load-following policy under a closed loop, in process (a finished request is
+replaced at once, as `ddtree bench`'s workers do), on one engine: per concurrency 1.5 s of
+ar and of auto to warm up, then ar, auto, ar, auto for `--seconds` each (alternated: the
+host's drift falls on both); total tok/s, the auto rows' acceptance, engine steps a second,
+and what the policy believes at the end (its snapshot, in $OUT/policy_probe.json).
 
-args = argparse.Namespace(target=Path(sys.argv[1]), drafter=Path(sys.argv[2]))
-target, drafter, tok = eb.load(args, eb.torch.bfloat16)
-prompts = eb.humaneval_prompts(Path(sys.argv[3]), tok, 164)
-engine = build_engine(target, drafter, EngineConfig(max_num_seqs=64, max_model_len=1024))
-out = {}
-n = 0
-def loop(mode, c, seconds):
-    global n
-    spec = eb.SPECS[mode]
-    live = set()
-    def add():
-        global n
-        rid = f"r{n}"; n += 1
-        engine.add_request(rid, GenerationRequest(prompts[n % len(prompts)], 256, SamplingParams(), spec, ignore_eos=True))
-        live.add(rid)
-    for _ in range(c): add()
-    t0 = time.perf_counter(); toks = 0; taus = []; rounds = 0
-    while time.perf_counter() - t0 < seconds:
-        for rid, res in engine.step():
-            toks += len(res.new_tokens)
-            if res.finished:
-                live.discard(rid); add()
-                if res.stats is not None: taus.append(res.stats.mean_acceptance_length)
-        rounds += 1
-    wall = time.perf_counter() - t0
-    while engine.has_work:
-        engine.step()
-    return toks / wall, sum(taus) / max(len(taus), 1), rounds / wall
-for c in (8, 32, 64):
-    loop("ar", c, 1.5); loop("auto", c, 1.5)  # warm-up at this concurrency
-    for rep in range(2):
-        for mode in ("ar", "auto"):
-            rate, tau, rps = loop(mode, c, 5.0)
-            print(f"c{c} {mode:>4} rep{rep}: {rate:9.1f} tok/s  tau {tau:.2f}  {rps:.0f} steps/s", flush=True)
-            out[f"c{c}/{mode}/{rep}"] = [rate, tau, rps]
-snap = engine.policy.snapshot()
-out["policy"] = snap
-Path(os.environ["OUT"], "policy_probe.json").write_text(json.dumps(out, indent=1))
-print(json.dumps(snap["tau"]))
-for b, v in snap["batches"].items():
-    print(b, v["prefers_ar"], {k: (c["measured_ms"], c["traffic_ms"], c["traffic_rounds"], c["tokens_per_s"]) for k, c in v["choices"].items()})
+    python3 scripts/gpu/policy_probe.py TARGET DRAFTER HumanEval.jsonl.gz [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engine_bench as eb  # noqa: E402
+
+from ddtree.engine import EngineConfig, GenerationRequest  # noqa: E402
+from ddtree.engine.generate import build_engine  # noqa: E402
+from ddtree.sampling import SamplingParams  # noqa: E402
+
+
+class ClosedLoop:
+    """Keeps `concurrency` requests of one mode in the engine for a while."""
+
+    def __init__(self, engine: Any, prompts: list[list[int]], max_tokens: int) -> None:
+        self.engine, self.prompts, self.max_tokens, self.sent = engine, prompts, max_tokens, 0
+
+    def _send(self, mode: str) -> None:
+        prompt = self.prompts[self.sent % len(self.prompts)]
+        self.engine.add_request(f"r{self.sent}", GenerationRequest(
+            prompt, self.max_tokens, SamplingParams(), eb.SPECS[mode], ignore_eos=True))
+        self.sent += 1
+
+    def run(self, mode: str, concurrency: int, seconds: float) -> dict[str, float]:
+        for _ in range(concurrency):
+            self._send(mode)
+        start, tokens, steps, taus = time.perf_counter(), 0, 0, []
+        while time.perf_counter() - start < seconds:
+            for _, result in self.engine.step():
+                tokens += len(result.new_tokens)
+                if result.finished:
+                    self._send(mode)
+                    if result.stats is not None:
+                        taus.append(result.stats.mean_acceptance_length)
+            steps += 1
+        wall = time.perf_counter() - start
+        while self.engine.has_work:  # the rows still running finish outside the clock
+            self.engine.step()
+        return {"tok_s": round(tokens / wall, 1), "tau": round(sum(taus) / max(len(taus), 1), 3),
+                "steps_s": round(steps / wall, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("target", type=Path)
+    parser.add_argument("drafter", type=Path)
+    parser.add_argument("humaneval", type=Path)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", default="8,32,64")
+    args = parser.parse_args()
+    target, drafter, tokenizer = eb.load(args, torch.bfloat16)
+    prompts = eb.humaneval_prompts(args.humaneval, tokenizer, 164)
+    engine = build_engine(target, drafter, EngineConfig(max_num_seqs=64, max_model_len=1024))
+    loop = ClosedLoop(engine, prompts, 256)
+    out: dict[str, Any] = {}
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        loop.run("ar", concurrency, 1.5)
+        loop.run("auto", concurrency, 1.5)
+        for rep in range(2):
+            for mode in ("ar", "auto"):
+                row = loop.run(mode, concurrency, args.seconds)
+                out[f"c{concurrency}/{mode}/{rep}"] = row
+                print(f"c{concurrency} {mode:>4} rep{rep}: {row['tok_s']:9.1f} tok/s  "
+                      f"tau {row['tau']:.2f}  {row['steps_s']:.0f} steps/s", flush=True)
+    assert engine.policy is not None
+    snapshot = engine.policy.snapshot()
+    out["policy"] = snapshot
+    Path(os.environ.get("OUT", "."), "policy_probe.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps(snapshot["tau"]))
+    for batch, belief in snapshot["batches"].items():  # type: ignore[union-attr]
+        costs = {choice: (c["measured_ms"], c["traffic_ms"], c["traffic_rounds"],
+                          c["tokens_per_s"]) for choice, c in belief["choices"].items()}
+        print(batch, "prefers ar" if belief["prefers_ar"] else "drafts", costs)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,10 @@ from ddtree.engine.policy import (
     AR_MIN_SAMPLES,
     COST_WINDOW,
     MIN_SAMPLES,
+    ROUND_SAMPLES,
+    STALE_TAU_FACTOR,
+    TAU_WEIGHT,
+    TREE_MARGIN,
     BudgetPolicy,
     accepted_within,
 )
@@ -110,18 +114,54 @@ def test_trees_must_beat_ar_by_a_margin_once_every_size_was_measured() -> None:
 
 def test_ar_is_judged_again_on_fresh_acceptance_once_its_evidence_is_old() -> None:
     """A bucket that went to ar admits new auto rows as ar only while the acceptance it
-    judged by is recent: later the rows draft again and the policy re-measures."""
+    judged by is recent: later the rows draft again and the policy re-measures, where the
+    trees were near ar (accepting STALE_TAU_FACTOR times as much would beat it)."""
     policy = BudgetPolicy(depth=7, max_budget=16)
     for choice, cost in {0: 1.0, 7: 2.0, 16: 2.2}.items():
         policy.measure(1, choice, cost)
-    feed(policy, 1, {7: 2.0, 16: 2.2}, {7: 1.0, 16: 1.0}, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
-    assert policy.prefers_ar(1)
+    feed(policy, 1, {7: 2.0, 16: 2.2}, {7: 2.0, 16: 2.0}, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    assert policy.prefers_ar(1)  # the chain: 2 / 2.0 against ar's 1 / 1.0 x TREE_MARGIN
     for _ in range(AR_EVIDENCE_ROUNDS):  # ar rounds: no acceptance seen meanwhile
         policy.tick()
     assert not policy.prefers_ar(1)  # new rows draft: every size is tried again
     picks = feed(policy, 1, {7: 2.0, 16: 2.2}, {7: 4.0, 16: 4.0}, 2)
     assert set(picks) == {7, 16}
     assert not policy.prefers_ar(1)  # acceptance 4 now: 4 / 2.0 beats ar's 1 / 1.0
+
+
+def test_old_evidence_keeps_ar_where_the_trees_lost_by_far() -> None:
+    """Refreshing the evidence means tree rounds at that batch size: where the best tree
+    would have to accept more than STALE_TAU_FACTOR times what it last did to beat ar
+    (lease 39: at 32 rows a round of drafting rows cost 4-6x an ar round), old evidence
+    still decides for ar; new evidence, from any batch size, is judged as ever."""
+    policy = BudgetPolicy(depth=7, max_budget=16)
+    for batch, costs in {1: {0: 1.0, 7: 1.2, 16: 1.3}, 32: {0: 1.0, 7: 4.0, 16: 4.4}}.items():
+        for choice, cost in costs.items():
+            policy.measure(batch, choice, cost)
+    feed(policy, 1, {7: 1.2, 16: 1.3}, {7: 3.0, 16: 3.0}, 2 * MIN_SAMPLES + AR_MIN_SAMPLES)
+    assert not policy.prefers_ar(1) and policy.prefers_ar(32)  # 3 / 4.0 against 1 / 1.0
+    for _ in range(AR_EVIDENCE_ROUNDS):
+        policy.tick()
+    assert policy.prefers_ar(32)  # even 1.5 x 3 / 4.0 loses: no tree rounds at 32
+    assert 3.0 * STALE_TAU_FACTOR / 4.0 * TREE_MARGIN < 1.0 * TREE_MARGIN * TREE_MARGIN
+    feed(policy, 1, {7: 1.2, 16: 1.3}, {7: 8.0, 16: 8.0}, 4 * AR_MIN_SAMPLES)
+    assert not policy.prefers_ar(32)  # fresh acceptance 8 from batch 1: 8 / 4.0 wins
+
+
+def test_rows_of_one_round_count_as_at_most_round_samples() -> None:
+    """32 rows that drafted in one round, all at their answers' easy openings, move the
+    acceptance as ROUND_SAMPLES samples would, not as 32 rounds of one row."""
+    policy = BudgetPolicy(depth=7, max_budget=16)
+    for _ in range(2 * AR_MIN_SAMPLES):  # one row a round: one sample each
+        policy.observe(1, 16, 1.0, 16, [path_for(policy, {7: 2.0, 16: 2.0}, 16)])
+    before = policy.snapshot()["tau"]["16"]
+    policy.observe(32, 16, 1.0, 16, [path_for(policy, {7: 8.0, 16: 8.0}, 16)] * 32)
+    after = policy.snapshot()["tau"]["16"]
+    assert before == {"tau": 2.0, "rounds": 2 * AR_MIN_SAMPLES}
+    assert after["rounds"] == before["rounds"] + ROUND_SAMPLES
+    expected = 2.0 + (1 - (1 - TAU_WEIGHT) ** ROUND_SAMPLES) * (8.0 - 2.0)
+    assert after["tau"] == pytest.approx(expected, abs=1e-3)
+    assert after["tau"] < 2.6  # 32 samples would have moved it to ~5.2
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +215,9 @@ def test_measured_costs_leave_only_acceptance_to_explore_and_judge_ar_by_its_cos
     assert policy.choose(1) in (32, 63)
     assert policy.choose(64) == 15  # not explored again at batch 64: the chain is best there
     assert not policy.prefers_ar(1)
+    assert not policy.prefers_ar(64)  # the chain's acceptance rests on one round so far
+    for _ in range(AR_MIN_SAMPLES // ROUND_SAMPLES):  # a round counts ROUND_SAMPLES rows
+        policy.observe(1, 15, 1.6, 15, [path_for(policy, tau, 15)] * AR_MIN_SAMPLES)
     assert policy.prefers_ar(64)  # measured: 1 / 1.7 against 2 / 8 per row
     assert not policy.is_measured(8)
     # Traffic overrides a measurement that was too kind to the trees (empty scratch rows).
