@@ -22,13 +22,13 @@ few rounds, again every REEXPLORE_ROUNDS rounds. (Sizes measured in separate rou
 acceptance at different places of different answers: on the H200 one answer's hard
 opening made every size look like 1.6 tokens a round and sent `auto` to ar for good.)
 Acceptance is a long moving average (TAU_WEIGHT): it varies more along an answer than
-between tree sizes. A round's rows enter it as at most ROUND_SAMPLES samples (their mean):
-the rows that draft in one round are often at the same place of their answers (admitted
-together), and 32 rows' easy openings must not outweigh the history.
+between tree sizes. A round's rows weigh in it as at most ROUND_SAMPLES samples (their
+mean): the rows that draft in one round are often at the same place of their answers
+(admitted together), and 32 rows' easy openings must not outweigh the history.
 
 Going to ar is the one decision that cannot be undone for the rows it stops, so it waits
 for more evidence than picking a tree size: the best tree's acceptance from AR_MIN_SAMPLES
-samples, traffic costs as medians (a round stalled by the host's other work does not
+rows x rounds, traffic costs as medians (a round stalled by the host's other work does not
 count), and acceptance seen within the last AR_EVIDENCE_ROUNDS rounds. Older evidence makes
 new `auto` rows draft again, so a bucket that once preferred ar is judged again on fresh
 acceptance instead of staying in ar for the life of the server - where the trees were
@@ -71,8 +71,9 @@ COST_WINDOW = 16
 # AR_EVIDENCE_ROUNDS rounds (older evidence is refreshed by new rows, which draft again).
 AR_MIN_SAMPLES = 64
 AR_EVIDENCE_ROUNDS = 10_000
-# One round's accepted paths enter the acceptance averages as at most this many samples
-# (their mean). The rows that draft together are often at the same place of their answers:
+# One round's accepted paths weigh in the acceptance averages as at most this many samples
+# (their mean; the evidence gates still count every row). The rows that draft together are
+# often at the same place of their answers:
 # rows admitted together, or the new rows a bucket sends to draft when its evidence is old
 # (lease 39: at 32 rows, HumanEval answers' openings - the function's signature and
 # docstring copied from the prompt - put the chain's acceptance at 4.2 where the linear
@@ -101,14 +102,18 @@ TREE_SIZES = (16, 32, 63, 127)
 @dataclass
 class _Average:
     value: float = 0.0
-    count: int = 0
+    count: int = 0  # samples seen (the evidence gates count these)
+    weighed: int = 0  # samples weighed into the value (ROUND_SAMPLES at most a round)
     last_round: int = 0
 
     def add(self, x: float, round_index: int, samples: int = 1) -> None:
-        """`samples` samples whose mean is x: the plain mean of the first 1 / TAU_WEIGHT
-        samples, then the moving average (each sample weighing TAU_WEIGHT)."""
+        """One round's `samples` samples, whose mean is x, weighing as at most
+        ROUND_SAMPLES samples: the plain mean of the first 1 / TAU_WEIGHT weighed samples,
+        then the moving average (each weighed sample TAU_WEIGHT)."""
         self.count += samples
-        weight = max(1.0 - (1.0 - TAU_WEIGHT) ** samples, samples / self.count)
+        weighed = min(samples, ROUND_SAMPLES)
+        self.weighed += weighed
+        weight = max(1.0 - (1.0 - TAU_WEIGHT) ** weighed, weighed / self.weighed)
         self.value = (1 - weight) * self.value + weight * x
         self.last_round = round_index
 
@@ -294,12 +299,9 @@ class BudgetPolicy:
             c for c in self.choices if c != self.depth and c <= choice]
         if not paths:
             return
-        # One round's rows count as at most ROUND_SAMPLES samples (their mean): rows that
-        # drafted in the same round are often at the same place of their answers.
-        samples = min(len(paths), ROUND_SAMPLES)
-        for size in sizes:
+        for size in sizes:  # the round's mean, weighing as at most ROUND_SAMPLES samples
             mean = sum(accepted_within(path, size) for path in paths) / len(paths)
-            self._tau.setdefault(size, _Average()).add(mean, self._round, samples)
+            self._tau.setdefault(size, _Average()).add(mean, self._round, len(paths))
 
 
 def accepted_within(path: list[int], num_nodes: int) -> int:
