@@ -833,6 +833,25 @@ PY
   pack_all $1
   mark done
   ;;
+139)
+  # (after 0-3, carry .carry/g4) the policy with ROUND_SAMPLES and STALE_TAU_FACTOR (lease
+  # 39 served auto at 0.62-0.88x ar at 32 rows under a closed loop): the policy probe
+  # (closed loop in process, ar and auto alternated at c8 / c32 / c64, the snapshot), then
+  # call 136's curves under continuous load (`ddtree bench`, ar and auto c1-c64)
+  [ -f $T/config.json ] || stage_target
+  mark "policy probe"
+  timeout 200 python3 scripts/gpu/policy_probe.py $T $D $H 2>&1 | grep -v Warn \
+    | tee "$OUT/policy_probe.txt" | tail -22
+  mark "curves, continuous load"
+  timeout 280 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 164 --num-requests 2000 --duration 4 --modes ar,auto \
+    --concurrency 1,8,32,64 --max-tokens 256 --no-progress \
+    --json-out "$OUT/report_curves.json" 2>&1 | grep -E "humaneval|Error|error" | tail -12
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_curves.json" | tail -2 | cut -c1-300
+  rm -f "$OUT/report_curves.json"*  # 1.8 MB of samples: the summary above is the result
+  pack_all $1
+  mark done
+  ;;
 138)
   # (after 0, or warm) the 8B ar step (and the rest) with the serial split-K reduce (the
   # launch's last program sums the partials and runs the norm: 72 reduce launches fewer an
