@@ -161,9 +161,6 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IEEE: tl.constexpr, EPILOGUE: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
     PREFETCH_LINES: tl.constexpr = 0,
-    counter_ptr=None, after_r_ptr=None, after_nw_ptr=None, after_y_ptr=None,
-    stride_after_r=0, stride_after_y=0, SERIAL: tl.constexpr = False,
-    NORM_AFTER: tl.constexpr = False, REDUCE_BLOCK: tl.constexpr = 1024,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -216,17 +213,6 @@ def _linear_kernel(
         acc = silu_times(acc.to(dtype), up_acc.to(dtype)).to(tl.float32)
     _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask, pid_k,
                 num_rows, N, stride_om, HAS_BIAS, SPLIT_K)
-    if SERIAL:  # the last program to store its partials sums them (`serial_reduce`)
-        tl.debug_barrier()  # every thread's partial stores issued before the release
-        arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
-            tl.debug_barrier()  # the acquire seen by every thread before its loads
-            for row in range(0, num_rows):
-                _serial_reduce_row(part_ptr, bias_ptr, out_ptr, after_r_ptr, after_nw_ptr,
-                                   after_y_ptr, row, num_rows, N, eps, stride_om,
-                                   stride_after_r, stride_after_y, HAS_BIAS, SPLIT_K,
-                                   NORM_AFTER, REDUCE_BLOCK)
-            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")  # for the next launch
 
 
 @triton.jit
@@ -291,7 +277,7 @@ def _split_k_reduce_kernel(
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
     out = _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N,
-                     stride_rm, HAS_BIAS, SPLIT_K, NORM, "")
+                     stride_rm, HAS_BIAS, SPLIT_K, NORM)
     tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
     if NORM:
         tl.debug_barrier()  # this program's stores of h visible to all its threads
@@ -305,15 +291,13 @@ def _split_k_reduce_kernel(
 
 @triton.jit
 def _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N, stride_rm,
-               HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr,
-               CACHE: tl.constexpr):
+               HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr):
     """One row's columns `cols` of a split-K output: the splits' partials summed in split
     order (+ bias), rounded to the output's dtype, the residual added (RESIDUAL, rounded
-    as `residual_sum`). CACHE: the partials' loads' cache modifier (".cg" past the L1)."""
-    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0, cache_modifier=CACHE)
+    as `residual_sum`)."""
+    acc = tl.load(part_ptr + row * N + cols, mask=mask, other=0.0)
     for split in tl.static_range(1, SPLIT_K):  # split order: a fixed sum order
-        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0,
-                       cache_modifier=CACHE)
+        acc += tl.load(part_ptr + (split * num_rows + row) * N + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out = acc.to(out_ptr.dtype.element_ty)
@@ -321,74 +305,6 @@ def _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N,
         r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0)
         out = (out.to(tl.float32) + r.to(tl.float32)).to(out.dtype)
     return out
-
-
-@triton.jit
-def _serial_reduce_row(part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, row, num_rows, N,
-                       eps, stride_om, stride_rm, stride_ym, HAS_BIAS: tl.constexpr,
-                       SPLIT_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr):
-    """`_split_k_reduce_kernel`'s work for one whole row in BLOCK-column chunks (a GEMM
-    program's registers hold one chunk, not the row): `_split_sum` and h stored chunk by
-    chunk, then (NORM) the statistics read back from h by the same `sum_squares`, then y
-    chunk by chunk - elementwise steps and the same reduction, so the same bits. The
-    partials come past the L1 (other programs of the launch wrote them)."""
-    for c0 in range(0, N, BLOCK):
-        cols = c0 + tl.arange(0, BLOCK)
-        mask = cols < N
-        out = _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N,
-                         stride_rm, HAS_BIAS, SPLIT_K, NORM, ".cg")
-        tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
-    if NORM:
-        tl.debug_barrier()  # this program's stores of h visible to all its threads
-        one = tl.full([1], True, tl.int1)
-        sum_sq = sum_squares(out_ptr, out_ptr, out_ptr, row + tl.arange(0, 1), one, one,
-                             stride_om, stride_om, stride_om, N, False, 1, 16)
-        rstd = inverse_rms(sum_sq, N, eps)
-        for c0 in range(0, N, BLOCK):
-            cols = c0 + tl.arange(0, BLOCK)
-            mask = cols < N
-            h = tl.load(out_ptr + row * stride_om + cols, mask=mask, other=0.0)
-            weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
-            tl.store(y_ptr + row * stride_ym + cols, rms_scale(h, rstd, weight), mask=mask)
-
-
-# The serial reduce (`set_serial_reduce`): a split-K launch of at most this many rows has
-# its last program sum the partials (and run the norm after it), one launch instead of two.
-SERIAL_MAX_ROWS = 2
-SERIAL_BLOCK = 1024  # columns its last program sums at a time
-_serial_reduce = os.environ.get("DDTREE_SERIAL_REDUCE", "0") == "1"
-
-
-def set_serial_reduce(enabled: bool) -> bool:
-    """Turns the serial reduce on or off for launches from now on (off by default until
-    the GPU measures it: DDTREE_SERIAL_REDUCE=1 turns it on); returns the old setting.
-    CUDA graphs keep what they captured.
-
-    A split-K GEMM of few rows (an ar step at batch 1: the 8B o_proj and down
-    projections, 72 reduce launches a step) writes float32 partials that a second kernel
-    sums in split order; each launch boundary costs a few microseconds even under
-    dependent launches. Here every program stores its partials, then counts itself in
-    (an atomic, release / acquire at GPU scope, after a barrier over its threads); the
-    last one sums every split of the rows in split order and runs the norm after them
-    with the reduce kernel's steps (`_serial_reduce_row`: the same bits) and sets the
-    counter back to 0. Launches are stream-ordered (a dependent launch waits for the previous
-    grid before its atomic), so one counter per device and stream serves them all."""
-    global _serial_reduce
-    previous, _serial_reduce = _serial_reduce, bool(enabled)
-    return previous
-
-
-_counters: dict[tuple[torch.device, int], Tensor] = {}
-
-
-def serial_counter(device: torch.device) -> Tensor:
-    """The serial reduce's arrival counter (one int32, 0 between launches) of the current
-    stream on `device` (a CUDA graph keeps the one of the stream it was captured on)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    if key not in _counters:
-        _counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _counters[key]
 
 
 def dot_in_float32(x: Tensor) -> bool:
@@ -545,15 +461,6 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
     bias_arg = bias if bias is not None else out
     source = residual if residual is not None else x
     pdl = use_pdl(x)
-    serial = (split_k > 1 and partials is None and _serial_reduce
-              and num_rows <= min(SERIAL_MAX_ROWS, config.block_m))
-    extra: dict[str, object] = {}
-    if serial:  # the launch's last program reduces: no second kernel
-        r_arg, nw_arg, y_arg = norm_after if norm_after is not None else (out, out, out)
-        extra = dict(
-            counter_ptr=serial_counter(x.device), after_r_ptr=r_arg, after_nw_ptr=nw_arg,
-            after_y_ptr=y_arg, stride_after_r=r_arg.stride(0), stride_after_y=y_arg.stride(0),
-            SERIAL=True, NORM_AFTER=norm_after is not None, REDUCE_BLOCK=SERIAL_BLOCK)
     lines, num_prefetch = weight_prefetch(weight, config, pdl, split_k, blocks_per_split)
     grid = (triton.cdiv(num_rows, config.block_m), triton.cdiv(out_features, config.block_n),
             split_k)
@@ -568,9 +475,9 @@ def launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         EVEN_K=in_features % config.block_k == 0, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_IEEE=dot_in_float32(x),
         EPILOGUE=epilogue, USE_PDL=pdl, PREFETCH_LINES=lines, num_warps=config.num_warps,
-        num_stages=stages, **extra, **launch_kwargs(pdl),
+        num_stages=stages, **launch_kwargs(pdl),
     )
-    if partials is not None or serial:
+    if partials is not None:
         return
     if split_k > 1:
         block = 1024 if norm_after is None else triton.next_power_of_2(out_features)

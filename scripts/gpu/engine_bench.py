@@ -48,7 +48,6 @@ from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
 from ddtree.kernels.launch import set_pdl, set_prefetch
-from ddtree.kernels.matmul import set_serial_reduce
 from ddtree.kernels.tree_attention import set_query_groups, set_wide_stages
 from ddtree.kernels.vocab_topk import set_shapes as set_topk_shapes
 from ddtree.models.drafter import DFlashDrafter, DrafterConfig
@@ -535,7 +534,6 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     set_query_groups(args.query_groups)
     set_topk_shapes(args.topk_shapes)
     set_fused_lse(args.fused_lse)
-    set_serial_reduce(args.serial_reduce)
     target, drafter = build_8b()
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     # a step reads one row of the embedding table, not all of it
@@ -547,7 +545,7 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                             "floor_without_embedding_ms": round(step_bytes / bandwidth * 1e3, 3),
                             "wide_stages": args.wide_stages, "query_groups": args.query_groups,
                             "topk_shapes": args.topk_shapes,
-                            "fused_lse": args.fused_lse, "serial_reduce": args.serial_reduce}
+                            "fused_lse": args.fused_lse}
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64,
                                                         swiglu_epilogue=args.epilogue,
@@ -642,8 +640,6 @@ def load(args: argparse.Namespace, dtype: torch.dtype) -> tuple[Any, Any, Any]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    serial_reduce_default = set_serial_reduce(False)  # DDTREE_SERIAL_REDUCE's setting
-    set_serial_reduce(serial_reduce_default)
     parser.add_argument("--stages", default="exact,speed")
     parser.add_argument("--target", type=Path, required=True)
     parser.add_argument("--drafter", type=Path, default=Path("models/smollm2-135m-dflash"))
@@ -672,9 +668,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fused-lse", action=argparse.BooleanOptionalAction,
                         default=True, help="shapes8b: the drafter's log-sum-exp from the "
                         "vocabulary top-K's passes (else torch.logsumexp; A/B)")
-    parser.add_argument("--serial-reduce", action=argparse.BooleanOptionalAction,
-                        default=serial_reduce_default, help="shapes8b: split-K GEMMs of <= 2 "
-                        "rows reduced by their last program (matmul.set_serial_reduce; A/B)")
     parser.add_argument("--draft-prologue", action=argparse.BooleanOptionalAction,
                         default=True, help="shapes8b: the draft half's inputs from two "
                         "kernels (Backend.draft_prologue; else PyTorch's builders; A/B)")

@@ -852,21 +852,6 @@ PY
   pack_all $1
   mark done
   ;;
-138)
-  # (after 0, or warm) the 8B ar step (and the rest) with the serial split-K reduce (the
-  # launch's last program sums the partials and runs the norm: 72 reduce launches fewer an
-  # ar step at batch 1; off by default until measured) against without it, twice in
-  # alternation (each run's tree@63 verify, 64 rows, still reduces in the second kernel:
-  # its tokens equal to the serial ar's is the bitwise check of the serial path, norms
-  # included); then check_kernels' GEMMs with it on (T = 1, 2 serial against the whole
-  # batch's reduce kernel, bitwise)
-  shapes8b_runs serial-reduce - serial-reduce -
-  mark "check_kernels linear, serial reduce"
-  DDTREE_SERIAL_REDUCE=1 timeout 150 python3 scripts/gpu/check_kernels.py --only linear \
-    --no-bench 2>&1 | grep -v Warn | grep -i "fail\|checks passed" | tail -6
-  pack_all $1
-  mark done
-  ;;
 137)
   # (warm, nothing staged) the tree build kernel at 2, 4 (the kernel's), 8 and 16 warps a
   # row's program, and at 4 with each depth's full sort instead of the top-W (at 63 nodes

@@ -128,16 +128,6 @@ def _launch_all() -> None:
     for hidden, inner in ((576, 1536), (4096, 4096)):  # the norm in a split-K reduce
         linear_norm(torch.randn(3, inner).to(bf16), torch.empty(hidden, inner, dtype=bf16),
                     None, torch.randn(3, hidden).to(bf16), torch.ones(hidden, dtype=bf16), 1e-6)
-    serial_before = matmul.set_serial_reduce(True)  # the 8B ar step's o_proj / down, serially
-    try:
-        for hidden, inner in ((4096, 4096), (4096, 12288)):
-            linear_norm(torch.randn(1, inner).to(bf16), torch.empty(hidden, inner, dtype=bf16),
-                        None, torch.randn(1, hidden).to(bf16), torch.ones(hidden, dtype=bf16),
-                        1e-6)
-        matmul.invariant_linear(torch.randn(1, 4096).to(bf16),
-                                torch.empty(4096, 4096, dtype=bf16))
-    finally:
-        matmul.set_serial_reduce(serial_before)
     for num_nodes in (32, 128):  # the demo drafter's 15 depths, two tree sizes
         logits = torch.randn(2, 15, 49152)
         rows = torch.zeros(2, dtype=torch.long)

@@ -12,7 +12,6 @@ import dataclasses
 import pytest
 import torch
 
-from ddtree.kernels import matmul
 from ddtree.kernels.fused_linear import (
     linear_norm,
     linear_swiglu,
@@ -325,24 +324,3 @@ def test_prologue_pipelines_fit_the_shared_memory() -> None:
         a_tiles = 2 if prologue == SWIGLU.value else 1
         stage = (a_tiles * config.block_m + config.block_n) * config.block_k * 2
         assert stages * stage + 4 * config.block_m * config.block_n <= SHARED_BYTES
-
-
-@pytest.mark.parametrize("num_rows, offset", [(1, 0), (1, 77), (2, 5)])
-def test_the_serial_reduce_gives_the_reduce_kernels_bits(linear_norm_problem: tuple,
-                                                         num_rows: int, offset: int) -> None:
-    """matmul.set_serial_reduce: the launch's last program sums the partials (and runs the
-    norm after them) where a second kernel did: the same output, h and normed rows, and
-    the arrival counter back at 0 after each launch (the next one starts from it)."""
-    x, weight, bias, residual, norm_weight, config, (normed, h) = linear_norm_problem
-    rows = slice(offset, offset + num_rows)
-    before = matmul.set_serial_reduce(True)
-    try:
-        for _ in range(2):
-            part = linear_norm(x[rows], weight, bias, residual[rows], norm_weight, EPS, config)
-            assert part is not None
-            assert torch.equal(part[0], normed[rows]) and torch.equal(part[1], h[rows])
-            plain = linear_with_config(x[rows], weight, bias, None, config)
-            assert matmul.serial_counter(x.device).item() == 0
-    finally:
-        matmul.set_serial_reduce(before)
-    assert torch.equal(plain, linear_with_config(x[rows], weight, bias, None, config))
