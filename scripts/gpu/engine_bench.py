@@ -336,6 +336,11 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 context_in_block=kind != "separate context",
                 draft_prologue=kind != "torch prologue",
                 invariant=invariant and kind != "drafter cuBLAS")
+        # Every prefill bucket (with and without the drafter's features) and the policy's
+        # round shapes captured first, as a server does at start: without it a variant's
+        # first drafting row timed the captures of the prompts' feature prefills (lease 39:
+        # "torch logsumexp" tree@16 -22%, lease 38: "plain top-K shapes" tree@16 -17%)
+        engine.warm_up()
         reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
