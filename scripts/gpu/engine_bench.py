@@ -404,11 +404,14 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
 
     def measure(name: str, concurrency: int, phase: str) -> dict[str, Any]:
         graphs, measured = engine.graphs.num_graphs, engine.policy_measurements
+        before = engine.policy.snapshot() if engine.policy is not None else None
         run = run_batch(engine, prompts[:concurrency], SPECS[name], args.load_tokens)
         rate = run["num_tokens"] / run["wall_s"]
         row = {"tok_s": round(rate, 1), "tau": round(run["tau"], 3),
                "graphs_captured": engine.graphs.num_graphs - graphs,
                "policy_measurements": engine.policy_measurements - measured}
+        if name == "auto" and engine.policy is not None:  # what its rows were admitted on
+            row["policy_before"], row["policy_after"] = before, engine.policy.snapshot()
         print(f"{name:>8} c{concurrency:<3} {phase}: {rate:9.1f} tok/s total  "
               f"tau {run['tau']:.2f}  graphs +{row['graphs_captured']}  "
               f"measured +{row['policy_measurements']}", flush=True)
