@@ -833,7 +833,41 @@ PY
   pack_all $1
   mark done
   ;;
-139)
+140)
+  # (after 0-3 with py-spy among the wheels, carry .carry/g4) where the gateway's time goes
+  # at one token an event: ar c8 through `ddtree serve` (lease 39: the gateway ended ar c8
+  # requests 40 ms after the verifier's last round, 2 ms with tree@16), 160 requests, two
+  # client processes, py-spy on the gateway and the verifier (250 Hz, idle threads too),
+  # their summaries; then tree@16 c8 the same way for the comparison
+  [ -f $T/config.json ] || stage_target
+  mark "serve (services, --max-budget 16 --max-num-seqs 8)"
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
+  SPY=/tmp/site/bin/py-spy
+  for mode in ar tree; do
+    budget=$([ $mode = tree ] && echo 16 || echo 1); spies=""
+    mark "$mode@$budget c8, 160 requests, py-spy on the gateway and the verifier"
+    for svc in gateway verifier; do
+      (sleep 4; timeout 30 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 8 \
+        --rate 250 --nonblocking --idle --threads --format raw \
+        -o "$OUT/spy_${mode}_${svc}_raw.txt" >/dev/null 2>&1) &
+      spies="$spies $!"
+    done
+    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
+      --modes $mode --budgets $budget --concurrency 8 --json-out "$OUT/report_${mode}_c8.json" \
+      2>&1 | grep humaneval
+    wait $spies
+    for svc in gateway verifier; do
+      python3 scripts/gpu/spy_summary.py "$OUT/spy_${mode}_${svc}_raw.txt" --top 30 \
+        --threads 4 > "$OUT/spy_${mode}_${svc}_summary.txt" 2>&1
+      head -5 "$OUT/spy_${mode}_${svc}_summary.txt"
+    done
+  done
+  kill $S; wait $S 2>/dev/null
+  (cd "$OUT" && gzip -f spy_*_raw.txt report_*.json 2>/dev/null; gzip -f serve_prof.log)
+  pack_all $1
+  mark done
+  ;;139)
   # (after 0-3, carry .carry/g4) the policy with ROUND_SAMPLES and STALE_TAU_FACTOR (lease
   # 39 served auto at 0.62-0.88x ar at 32 rows under a closed loop): the policy probe
   # (closed loop in process, ar and auto alternated at c8 / c32 / c64, the snapshot), then
