@@ -142,8 +142,9 @@ def test_old_evidence_keeps_ar_where_the_trees_lost_by_far() -> None:
     assert not policy.prefers_ar(1) and policy.prefers_ar(32)  # 3 / 4.0 against 1 / 1.0
     for _ in range(AR_EVIDENCE_ROUNDS):
         policy.tick()
-    assert policy.prefers_ar(32)  # even 1.5 x 3 / 4.0 loses: no tree rounds at 32
-    assert 3.0 * STALE_TAU_FACTOR / 4.0 * TREE_MARGIN < 1.0 * TREE_MARGIN * TREE_MARGIN
+    assert 3.0 * STALE_TAU_FACTOR / 4.0 < TREE_MARGIN * 1.0 / 1.0  # (the case's premise)
+    assert policy.prefers_ar(32)  # even 1.5 x 3 / 4.0 loses to ar: no tree rounds at 32
+    assert not policy.prefers_ar(1)  # where trees win, old evidence drafts (and refreshes)
     feed(policy, 1, {7: 1.2, 16: 1.3}, {7: 8.0, 16: 8.0}, 4 * AR_MIN_SAMPLES)
     assert not policy.prefers_ar(32)  # fresh acceptance 8 from batch 1: 8 / 4.0 wins
 
