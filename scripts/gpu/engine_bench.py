@@ -338,8 +338,8 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
                 invariant=invariant and kind != "drafter cuBLAS")
         # Every prefill bucket (with and without the drafter's features) and the policy's
         # round shapes captured first, as a server does at start: without it a variant's
-        # first drafting row timed the captures of the prompts' feature prefills (lease 39:
-        # "torch logsumexp" tree@16 -22%, lease 38: "plain top-K shapes" tree@16 -17%)
+        # first drafting row likely timed the captures of the prompts' feature prefills
+        # (lease 39: "torch logsumexp" tree@16 -22%, lease 38: "plain top-K shapes" -17%)
         engine.warm_up()
         reference = ar_tokens if invariant else None
         for name in names:
