@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ddtree.benchmark.inprocess import warmed_up
 from ddtree.engine import EngineConfig, GenerationRequest, SpecParams
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.engine.generate import build_engine
@@ -340,7 +341,7 @@ def stage_speed(args: argparse.Namespace) -> dict[str, Any]:
         # round shapes captured first, as a server does at start: without it a variant's
         # first drafting row likely timed the captures of the prompts' feature prefills
         # (lease 39: "torch logsumexp" tree@16 -22%, lease 38: "plain top-K shapes" -17%)
-        engine.warm_up()
+        warmed_up(engine)
         reference = ar_tokens if invariant else None
         for name in names:
             sequential(engine, prompts[:1], SPECS[name], 32)  # warm this shape up
@@ -404,14 +405,15 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
 
     def measure(name: str, concurrency: int, phase: str) -> dict[str, Any]:
         graphs, measured = engine.graphs.num_graphs, engine.policy_measurements
-        before = engine.policy.snapshot() if engine.policy is not None else None
+        policy = engine.policy if name == "auto" else None
+        before = policy.snapshot() if policy is not None else None
         run = run_batch(engine, prompts[:concurrency], SPECS[name], args.load_tokens)
         rate = run["num_tokens"] / run["wall_s"]
         row = {"tok_s": round(rate, 1), "tau": round(run["tau"], 3),
                "graphs_captured": engine.graphs.num_graphs - graphs,
                "policy_measurements": engine.policy_measurements - measured}
-        if name == "auto" and engine.policy is not None:  # what its rows were admitted on
-            row["policy_before"], row["policy_after"] = before, engine.policy.snapshot()
+        if policy is not None:  # what its rows were admitted on, and what it ended with
+            row["policy_before"], row["policy_after"] = before, policy.snapshot()
         print(f"{name:>8} c{concurrency:<3} {phase}: {rate:9.1f} tok/s total  "
               f"tau {run['tau']:.2f}  graphs +{row['graphs_captured']}  "
               f"measured +{row['policy_measurements']}", flush=True)

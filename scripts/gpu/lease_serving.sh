@@ -330,6 +330,40 @@ bench_url() {  # mode budget concurrency report.json: NUM (160) HumanEval reques
     --json-out "$4" 2>&1 | grep humaneval
 }
 
+spy_start() {  # rate tag svc...: py-spy (idle threads too) on each service for 8 s, 4 s from
+  # now, into $OUT/spy_<tag>_<svc>.txt (raw stacks); the samplers' pids in SPIES
+  SPIES=""
+  local rate=$1 tag=$2 svc; shift 2
+  for svc in "$@"; do
+    (sleep 4; timeout 30 /tmp/site/bin/py-spy record --pid "$(cat $OUT/pids/$svc.pid)" \
+      --duration 8 --rate "$rate" --nonblocking --idle --threads --format raw \
+      -o "$OUT/spy_${tag}_$svc.txt" >/dev/null 2>&1) &
+    SPIES="$SPIES $!"
+  done
+}
+
+spy_summaries() {  # tag svc...: once the samplers are done, each service's summary (head)
+  local tag=$1 svc; shift
+  wait $SPIES
+  for svc in "$@"; do
+    python3 scripts/gpu/spy_summary.py "$OUT/spy_${tag}_$svc.txt" --top 30 --threads 4 \
+      > "$OUT/spy_${tag}_${svc}_summary.txt" 2>&1
+    head -3 "$OUT/spy_${tag}_${svc}_summary.txt"
+  done
+}
+
+closed_loop_curves() {  # ar and auto in process under a closed loop (`ddtree bench`: a
+  # finished request's worker sends the next at once), c1 / c8 / c32 / c64, HumanEval x 256
+  # tokens, 4 s a point after one warm-up request per worker, one engine for the grid;
+  # each sample compared with ar's
+  mark "curves, continuous load"
+  timeout 280 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 164 --num-requests 2000 --duration 4 --modes ar,auto \
+    --concurrency 1,8,32,64 --max-tokens 256 --no-progress \
+    --json-out "$OUT/report_curves.json" 2>&1 | grep -E "humaneval|Error|error" | tail -12
+  python3 scripts/gpu/ar_mismatches.py "$OUT/report_curves.json" | tail -2 | cut -c1-300
+}
+
 serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve --budget 16
   # --max-budget 16 --max-num-seqs 8` with DDTREE_SEND_AHEAD=ahead (the verifier) and
   # DDTREE_CONTEXT_GRAPHS (the drafter service), each point (160 HumanEval requests x 256
@@ -824,12 +858,7 @@ PY
   # one warm-up request per worker; one engine for the whole grid (a server's life). Each
   # sample compared with ar's
   [ -f $T/config.json ] || stage_target
-  mark "curves, continuous load"
-  timeout 280 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-    --num-prompts 164 --num-requests 2000 --duration 4 --modes ar,auto \
-    --concurrency 1,8,32,64 --max-tokens 256 --no-progress \
-    --json-out "$OUT/report_curves.json" 2>&1 | grep -E "humaneval|Error|error" | tail -12
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report_curves.json" | tail -2 | cut -c1-300
+  closed_loop_curves
   pack_all $1
   mark done
   ;;
@@ -842,29 +871,15 @@ PY
   [ -f $T/config.json ] || stage_target
   mark "serve (services, --max-budget 16 --max-num-seqs 8)"
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
-  SPY=/tmp/site/bin/py-spy
   for mode in ar tree; do
-    budget=$([ $mode = tree ] && echo 16 || echo 1); spies=""
-    mark "$mode@$budget c8, 160 requests, py-spy on the gateway and the verifier"
-    for svc in gateway verifier; do
-      (sleep 4; timeout 30 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 8 \
-        --rate 250 --nonblocking --idle --threads --format raw \
-        -o "$OUT/spy_${mode}_${svc}_raw.txt" >/dev/null 2>&1) &
-      spies="$spies $!"
-    done
-    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
-      --modes $mode --budgets $budget --concurrency 8 --json-out "$OUT/report_${mode}_c8.json" \
-      2>&1 | grep humaneval
-    wait $spies
-    for svc in gateway verifier; do
-      python3 scripts/gpu/spy_summary.py "$OUT/spy_${mode}_${svc}_raw.txt" --top 30 \
-        --threads 4 > "$OUT/spy_${mode}_${svc}_summary.txt" 2>&1
-      head -5 "$OUT/spy_${mode}_${svc}_summary.txt"
-    done
+    mark "$mode c8, 160 requests, py-spy on the gateway and the verifier"
+    spy_start 250 "$mode" gateway verifier
+    bench_url $mode 16 8 "$OUT/report_${mode}_c8.json"
+    spy_summaries "$mode" gateway verifier
   done
   kill $S; wait $S 2>/dev/null
-  (cd "$OUT" && gzip -f spy_*_raw.txt report_*.json 2>/dev/null; gzip -f serve_prof.log)
+  (cd "$OUT" && gzip -f spy_ar_gateway.txt spy_ar_verifier.txt spy_tree_gateway.txt \
+    spy_tree_verifier.txt; gzip -f serve_prof.log)
   pack_all $1
   mark done
   ;;139)
@@ -876,12 +891,7 @@ PY
   mark "policy probe"
   timeout 200 python3 scripts/gpu/policy_probe.py $T $D $H 2>&1 | grep -v Warn \
     | tee "$OUT/policy_probe.txt" | tail -22
-  mark "curves, continuous load"
-  timeout 280 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-    --num-prompts 164 --num-requests 2000 --duration 4 --modes ar,auto \
-    --concurrency 1,8,32,64 --max-tokens 256 --no-progress \
-    --json-out "$OUT/report_curves.json" 2>&1 | grep -E "humaneval|Error|error" | tail -12
-  python3 scripts/gpu/ar_mismatches.py "$OUT/report_curves.json" | tail -2 | cut -c1-300
+  closed_loop_curves
   rm -f "$OUT/report_curves.json"*  # 1.8 MB of samples: the summary above is the result
   pack_all $1
   mark done
@@ -1264,28 +1274,13 @@ PY
   grep -A4 "^per-round" "$OUT/remote_profile.txt"
   mark "serve (services, --max-budget 16 --max-num-seqs 8)"
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _prof || exit 3
-  SPY=/tmp/site/bin/py-spy
   for c in 8 1; do
     mark "tree@16 c$c, 160 requests, py-spy on drafter and verifier"
     curl -s http://127.0.0.1:8000/metrics | grep -v "^#" > "$OUT/metrics_c${c}_before.txt"
-    spies=""
-    for svc in verifier drafter; do
-      (sleep 4; timeout 30 $SPY record --pid "$(cat $OUT/pids/$svc.pid)" --duration 8 \
-        --rate 1000 --nonblocking --idle --threads --format raw \
-        -o "$OUT/spy_c${c}_$svc.txt" >/dev/null 2>&1) &
-      spies="$spies $!"
-    done
-    timeout 200 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --max-tokens 256 --no-progress --client-processes 2 \
-      --modes tree --budgets 16 --concurrency $c --json-out "$OUT/report_c$c.json" 2>&1 \
-      | grep humaneval
-    wait $spies
+    spy_start 1000 "c$c" verifier drafter
+    bench_url tree 16 $c "$OUT/report_c$c.json"
+    spy_summaries "c$c" drafter verifier
     curl -s http://127.0.0.1:8000/metrics | grep -v "^#" > "$OUT/metrics_c${c}_after.txt"
-    for svc in drafter verifier; do
-      python3 scripts/gpu/spy_summary.py "$OUT/spy_c${c}_$svc.txt" --top 30 --threads 4 \
-        > "$OUT/spy_c${c}_${svc}_summary.txt" 2>&1
-      head -3 "$OUT/spy_c${c}_${svc}_summary.txt"
-    done
   done
   kill $S; wait $S 2>/dev/null
   gzip -f "$OUT/serve_prof.log"
