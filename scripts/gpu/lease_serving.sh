@@ -882,7 +882,8 @@ PY
     spy_tree_verifier.txt; gzip -f serve_prof.log)
   pack_all $1
   mark done
-  ;;139)
+  ;;
+139)
   # (after 0-3, carry .carry/g4) the policy with ROUND_SAMPLES and STALE_TAU_FACTOR (lease
   # 39 served auto at 0.62-0.88x ar at 32 rows under a closed loop): the policy probe
   # (closed loop in process, ar and auto alternated at c8 / c32 / c64, the snapshot), then
