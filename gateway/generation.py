@@ -10,7 +10,6 @@ logprobs all end there, and the verifier generation is aborted (it may have run 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -97,27 +96,27 @@ class ChoiceRun:
         a request's pending outputs). Token granularity: one event per token always."""
         self.metrics.in_flight.labels(self.metrics.model_name).inc()
         try:
-            async with aclosing(self.client.generate(self.request)) as messages:
-                merges = self.output.granularity == "round" and self.output.merge_when_behind
-                batches = _as_available(messages) if merges else _one_by_one(messages)
-                async with aclosing(batches):
-                    async for batch in batches:
-                        deltas: list[ChoiceDelta] = []
-                        for message in batch:
-                            self.is_admitted = True
-                            self._time(len(message.token_ids))
-                            deltas += self._deltas_of(message)
-                            if self.result.finish_reason is not None:
-                                if message.HasField("stats"):
-                                    self.result.stats = message.stats
-                                break
-                        for delta in self._granular(deltas):
-                            yield delta
+            merges = self.output.granularity == "round" and self.output.merge_when_behind
+            batches = (self.client.generate_batches(self.request) if merges
+                       else _one_by_one(self.client.generate(self.request)))
+            async with aclosing(batches):
+                async for batch in batches:
+                    deltas: list[ChoiceDelta] = []
+                    for message in batch:
+                        self.is_admitted = True
+                        self._time(len(message.token_ids))
+                        deltas += self._deltas_of(message)
                         if self.result.finish_reason is not None:
+                            if message.HasField("stats"):
+                                self.result.stats = message.stats
                             break
-                    else:
-                        raise APIError(502, "the verifier's stream ended without a finish "
-                                            "reason")
+                    for delta in self._granular(deltas):
+                        yield delta
+                    if self.result.finish_reason is not None:
+                        break
+                else:
+                    raise APIError(502, "the verifier's stream ended without a finish "
+                                        "reason")
         finally:
             self.metrics.in_flight.labels(self.metrics.model_name).dec()
             if self.is_admitted:
@@ -224,55 +223,10 @@ class ChoiceRun:
         self.metrics.observe_stats(result.stats)
 
 
-_END = object()  # the end of the verifier's stream, in `_as_available`'s queue
-
-
 async def _one_by_one(messages: AsyncGenerator[verifier_pb2.GenerateResponse, None],
                       ) -> AsyncGenerator[list[verifier_pb2.GenerateResponse], None]:
     async for message in messages:
         yield [message]
-
-
-async def _as_available(messages: AsyncGenerator[verifier_pb2.GenerateResponse, None],
-                        ) -> AsyncGenerator[list[verifier_pb2.GenerateResponse], None]:
-    """The messages in lists: each list holds the next message and every message that
-    arrived while the caller handled the list before. A reader task keeps reading; closing
-    this generator cancels it, which closes `messages` (aborting an unfinished
-    generation, as closing it would)."""
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    async def read() -> None:
-        try:
-            async for message in messages:
-                queue.put_nowait(message)
-            queue.put_nowait(_END)
-        except Exception as exc:  # handed over in order, raised where the caller reads
-            queue.put_nowait(exc)
-
-    reader = asyncio.get_running_loop().create_task(read())
-    try:
-        while True:
-            batch: list[verifier_pb2.GenerateResponse] = []
-            item = await queue.get()
-            while True:
-                if item is _END:
-                    if batch:
-                        yield batch
-                    return
-                if isinstance(item, Exception):
-                    if batch:
-                        yield batch
-                    raise item
-                batch.append(item)
-                if queue.empty():
-                    break
-                item = queue.get_nowait()
-            yield batch
-    finally:
-        if not reader.done():
-            reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
 
 
 def fallback_stats(

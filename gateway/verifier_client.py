@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 import structlog
@@ -159,11 +159,24 @@ class VerifierClient:
         self, request: verifier_pb2.GenerateRequest
     ) -> AsyncGenerator[verifier_pb2.GenerateResponse, None]:
         """The generation's messages; closing the iterator early aborts it."""
-        messages = (self._generate_shared(request) if self.shared_stream
-                    else self._generate_alone(request))
-        async with aclosing(messages):
-            async for message in messages:
-                yield message
+        async with aclosing(self.generate_batches(request)) as batches:
+            async for batch in batches:
+                for message in batch:
+                    yield message
+
+    async def generate_batches(
+        self, request: verifier_pb2.GenerateRequest
+    ) -> AsyncGenerator[list[verifier_pb2.GenerateResponse], None]:
+        """The generation's messages in lists: the next message and every one that arrived
+        while the caller handled the list before (a busy gateway handles several rounds at
+        once instead of falling behind); closing the iterator early aborts it. Over the
+        shared stream the messages wait in the generation's queue already; a call of its
+        own gets a reader task (`as_available`)."""
+        batches = (self._generate_shared(request) if self.shared_stream
+                   else as_available(self._generate_alone(request)))
+        async with aclosing(batches):
+            async for batch in batches:
+                yield batch
 
     # ------------------------------------------------------------ over the shared stream
 
@@ -176,7 +189,7 @@ class VerifierClient:
 
     async def _generate_shared(
         self, request: verifier_pb2.GenerateRequest
-    ) -> AsyncGenerator[verifier_pb2.GenerateResponse, None]:
+    ) -> AsyncGenerator[list[verifier_pb2.GenerateResponse], None]:
         if not request.request_id:
             raise ValueError("a generation on the shared stream needs a request_id")
         deadline = asyncio.get_running_loop().time() + self.request_timeout_s
@@ -184,8 +197,19 @@ class VerifierClient:
         is_done = False
         try:
             while True:
+                batch, failure = [message], None
                 is_done = bool(message.finish_reason)
-                yield message
+                while not is_done and not queue.empty():  # those that queued meanwhile
+                    try:
+                        message = self._unwrap(queue.get_nowait())
+                    except grpc.aio.AioRpcError as exc:
+                        failure = exc  # after the messages before it
+                        break
+                    batch.append(message)
+                    is_done = bool(message.finish_reason)
+                yield batch
+                if failure is not None:
+                    raise failure
                 if is_done:
                     return
                 message = await self._next(queue, deadline)
@@ -238,6 +262,10 @@ class VerifierClient:
                                    "Deadline Exceeded") from None
         else:
             update = queue.get_nowait()
+        return VerifierClient._unwrap(update)
+
+    @staticmethod
+    def _unwrap(update: Update) -> verifier_pb2.GenerateResponse:
         if isinstance(update, grpc.aio.AioRpcError):
             raise update
         if update.error_code:
@@ -354,3 +382,48 @@ class VerifierClient:
         except grpc.aio.AioRpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+_END = object()  # the end of the messages, in `as_available`'s queue
+
+
+async def as_available(messages: AsyncGenerator[verifier_pb2.GenerateResponse, None],
+                       ) -> AsyncGenerator[list[verifier_pb2.GenerateResponse], None]:
+    """The messages in lists: each list holds the next message and every message that
+    arrived while the caller handled the list before. A reader task keeps reading; closing
+    this generator cancels it and closes `messages` (aborting an unfinished generation)."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for message in messages:
+                queue.put_nowait(message)
+            queue.put_nowait(_END)
+        except Exception as exc:  # handed over in order, raised where the caller reads
+            queue.put_nowait(exc)
+
+    reader = asyncio.get_running_loop().create_task(read())
+    try:
+        while True:
+            batch: list[verifier_pb2.GenerateResponse] = []
+            item = await queue.get()
+            while True:
+                if item is _END:
+                    if batch:
+                        yield batch
+                    return
+                if isinstance(item, Exception):
+                    if batch:
+                        yield batch
+                    raise item
+                batch.append(item)
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            yield batch
+    finally:
+        if not reader.done():
+            reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await messages.aclose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
 from ddtree.v1 import common_pb2, verifier_pb2
@@ -22,13 +23,14 @@ AR = common_pb2.SpecParams(mode=common_pb2.MODE_AR)  # one token per verifier me
 
 
 def run_choice(verifier: Verifier, tiny_pair: Path, output: OutputOptions,
-               pause_s: float, request_id: str) -> tuple[list[ChoiceDelta], ChoiceRun]:
+               pause_s: float, request_id: str, shared_stream: bool = True,
+               ) -> tuple[list[ChoiceDelta], ChoiceRun]:
     """One choice through a real VerifierClient; the caller sleeps `pause_s` after each
     event (a gateway busy with other streams)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_pair / "target")
 
     async def main() -> tuple[list[ChoiceDelta], ChoiceRun]:
-        client = VerifierClient(f"127.0.0.1:{verifier.port}")
+        client = VerifierClient(f"127.0.0.1:{verifier.port}", shared_stream=shared_stream)
         await client.start()
         try:
             request = verifier_pb2.GenerateRequest(
@@ -46,12 +48,17 @@ def run_choice(verifier: Verifier, tiny_pair: Path, output: OutputOptions,
     return asyncio.run(main())
 
 
+@pytest.mark.parametrize("shared_stream", [True, False])
 def test_a_slow_consumer_gets_the_same_tokens_in_fewer_events(
-        verifier: Verifier, tiny_pair: Path) -> None:
-    # token ids in the events (else a round whose text is held back sends no event)
+        verifier: Verifier, tiny_pair: Path, shared_stream: bool) -> None:
+    # token ids in the events (else a round whose text is held back sends no event);
+    # over the shared stream the messages wait in the generation's queue, over a call of
+    # its own a reader task keeps reading (`as_available`)
     output = OutputOptions(return_token_ids=True)
-    fast, fast_run = run_choice(verifier, tiny_pair, output, 0.0, "merge-fast")
-    slow, slow_run = run_choice(verifier, tiny_pair, output, 0.05, "merge-slow")
+    fast, fast_run = run_choice(verifier, tiny_pair, output, 0.0, f"merge-fast-{shared_stream}",
+                                shared_stream)
+    slow, slow_run = run_choice(verifier, tiny_pair, output, 0.05,
+                                f"merge-slow-{shared_stream}", shared_stream)
     tokens = fast_run.result.token_ids
     assert len(tokens) == MAX_TOKENS and slow_run.result.token_ids == tokens
     assert [t for d in slow for t in d.token_ids] == tokens
