@@ -5,9 +5,10 @@ batch size, the measured acceptance length per tree size and the measured round 
 Expected throughput of a choice with n tree nodes at batch bucket B is tau(n) / cost(B, n)
 tokens per second per row (tau = tokens committed per round, bonus included). The policy
 takes the best measured choice. `ar` (no tree) is a choice too: `auto` rows keep drafting
-only while the best tree beats ar by `TREE_MARGIN` (a tree's expected rate per round misses
+only while the best tree beats ar by `tree_margin` (a tree's expected rate per round misses
 what a batch of tree rows loses to their spread: rows accept at different rates, finish at
-different rounds and the batch drains through rounds that cost nearly a full bucket), and
+different rounds and the batch drains through rounds that cost nearly a full bucket; the
+margin grows with the batch), and
 new `auto` rows are then admitted as ar. A row that stops drafting cannot resume (the
 drafter's context would miss rows). A per-request mode and budget always win: only `auto`
 rows follow this.
@@ -55,6 +56,7 @@ only ar is measured), each size is run MIN_SAMPLES rounds for its cost.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -70,7 +72,10 @@ COST_WINDOW = 16
 # from this many rows x rounds, and every choice's acceptance seen within
 # AR_EVIDENCE_ROUNDS rounds (older evidence is refreshed by new rows, which draft again).
 AR_MIN_SAMPLES = 64
-AR_EVIDENCE_ROUNDS = 10_000
+# ~15 minutes of ar rounds at 8 rows on the H200 (lease 40: at 10,000 rounds, ~8 s there,
+# the new rows that refreshed the evidence under a steady closed loop at 8 rows cost auto
+# 6-8% against ar; an episode lasts a few hundred rounds, so now ~0.1%).
+AR_EVIDENCE_ROUNDS = 1_000_000
 # One round's accepted paths weigh in the acceptance averages as at most this many samples
 # (their mean; the evidence gates still count every row). The rows that draft together are
 # often at the same place of their answers:
@@ -80,18 +85,23 @@ AR_EVIDENCE_ROUNDS = 10_000
 # mode accepts 2.6, and kept trees in traffic that cost 6.5x an ar round there).
 ROUND_SAMPLES = 4
 # Old acceptance still decides for ar where the best tree, accepting this many times what
-# it was last seen to accept, would still not beat ar by TREE_MARGIN: refreshing the
+# it was last seen to accept, would still not beat ar by `tree_margin`: refreshing the
 # evidence there means tree rounds at a batch size where a round of drafting rows costs
 # several ar rounds (lease 39, closed loop in process: auto served 0.62-0.88x ar at 32
 # rows, redrafting every ~10,000 rounds).
 STALE_TAU_FACTOR = 1.5
 # A measured choice is tried again after this many rounds (engine rounds, `tick`).
 REEXPLORE_ROUNDS = 200
-# The best tree must beat ar's expected rate by this factor for auto rows to keep drafting.
-# On the H200 the demo pair's tree@16 at batch 8 was expected at 1.01x ar per round and
-# served 0.78x ar in the load curve (lease 10 call 33; lease 8 call 20: expected 0.91x,
-# served 0.68x), where at batch 1 it was expected at 1.9x and served 1.8x.
+# The best tree must beat ar's expected rate by this factor at one row for auto rows to keep
+# drafting, and by SPREAD_MARGIN more per doubling of the batch bucket (`tree_margin`): a
+# batch of drafting rows loses to their spread (rows accept at different rates, finish at
+# different rounds, and the batch drains behind its slowest row), which one row does not
+# and which grows with the rows. On the H200 (lease 40, call 125, all requests at once)
+# the demo pair's tree@16 was expected at 2.6x ar at 1 row and served 2.2x (0.85 of it);
+# at 8 rows expected at 1.27x and served 0.88x (0.69; 1.06x, 0.83 of it, under a closed
+# loop in lease 39), where ar's rounds served 0.96-0.98 of their expected rate.
 TREE_MARGIN = 1.15
+SPREAD_MARGIN = 0.06
 # Before ar was ever measured at a batch size: an ar round costs this share of a chain round.
 AR_COST_PRIOR = 0.7
 # The tree sizes auto chooses from (besides the chain): 2^k - 1 past 32, so that the root
@@ -214,7 +224,7 @@ class BudgetPolicy:
         return cost.value if cost is not None else None
 
     def prefers_ar(self, batch: int) -> bool:
-        """Whether the best tree fails to beat ar by TREE_MARGIN at this batch bucket
+        """Whether the best tree fails to beat ar by `tree_margin` at this batch bucket
         (judged once every tree size's acceptance is known and recent, the best tree's
         rests on AR_MIN_SAMPLES rows x rounds, and every size has a cost there or a bound:
         a size not timed yet costs at least the largest smaller size that was, so a
@@ -250,7 +260,7 @@ class BudgetPolicy:
         oldest = self._round - AR_EVIDENCE_ROUNDS
         if any(self._tau[c].last_round < oldest for c in self.choices):
             best *= STALE_TAU_FACTOR  # old evidence: ar only where it wins by far
-        return TREE_MARGIN * ar_rate > best
+        return tree_margin(batch) * ar_rate > best
 
     def _cost_bounds(self, batch: int) -> dict[int, float] | None:
         """Each choice's cost at this batch bucket, or for one not timed yet the largest
@@ -302,6 +312,12 @@ class BudgetPolicy:
         for size in sizes:  # the round's mean, weighing as at most ROUND_SAMPLES samples
             mean = sum(accepted_within(path, size) for path in paths) / len(paths)
             self._tau.setdefault(size, _Average()).add(mean, self._round, len(paths))
+
+
+def tree_margin(batch: int) -> float:
+    """The factor by which the best tree must beat ar at this batch bucket: TREE_MARGIN at
+    one row, SPREAD_MARGIN more per doubling (1.33 at 8 rows, 1.45 at 32)."""
+    return TREE_MARGIN + SPREAD_MARGIN * math.log2(max(batch, 1))
 
 
 def accepted_within(path: list[int], num_nodes: int) -> int:
