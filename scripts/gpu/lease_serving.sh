@@ -330,14 +330,17 @@ bench_url() {  # mode budget concurrency report.json: NUM (160) HumanEval reques
     --json-out "$4" 2>&1 | grep humaneval
 }
 
-spy_start() {  # rate tag svc...: py-spy (idle threads too) on each service for 8 s, 4 s from
-  # now, into $OUT/spy_<tag>_<svc>.txt (raw stacks); the samplers' pids in SPIES
+spy_start() {  # rate tag svc...: py-spy on each service for SPY_SECONDS (8) s, SPY_DELAY
+  # (4) s from now, idle threads too unless SPY_IDLE=0 (then a sample is CPU work: a bench
+  # whose client takes its time to start is covered whole by a long recording), into
+  # $OUT/spy_<tag>_<svc>.txt (raw stacks); the samplers' pids in SPIES
   SPIES=""
-  local rate=$1 tag=$2 svc; shift 2
+  local rate=$1 tag=$2 svc idle=--idle; shift 2
+  [ "${SPY_IDLE:-1}" = 0 ] && idle=""
   for svc in "$@"; do
-    (sleep 4; timeout 30 /tmp/site/bin/py-spy record --pid "$(cat $OUT/pids/$svc.pid)" \
-      --duration 8 --rate "$rate" --nonblocking --idle --threads --format raw \
-      -o "$OUT/spy_${tag}_$svc.txt" >/dev/null 2>&1) &
+    (sleep "${SPY_DELAY:-4}"; timeout 60 /tmp/site/bin/py-spy record \
+      --pid "$(cat $OUT/pids/$svc.pid)" --duration "${SPY_SECONDS:-8}" --rate "$rate" \
+      --nonblocking $idle --threads --format raw -o "$OUT/spy_${tag}_$svc.txt" >/dev/null 2>&1) &
     SPIES="$SPIES $!"
   done
 }
@@ -880,6 +883,34 @@ PY
   kill $S; wait $S 2>/dev/null
   (cd "$OUT" && gzip -f spy_ar_gateway.txt spy_ar_verifier.txt spy_tree_gateway.txt \
     spy_tree_verifier.txt; gzip -f serve_prof.log)
+  pack_all $1
+  mark done
+  ;;
+141)
+  # (after 0-3, carry .carry/g4) where ar at c8 through `ddtree serve` loses (call 140: 6,005
+  # tok/s, TTFT p50 65 ms; the gateway ended requests 47 ms after the verifier's last round,
+  # 3 ms with tree@16): one gateway process, then two (--gateway-workers 2), ar and auto c8
+  # through each (160 requests, two client processes); py-spy (CPU samples only, the whole
+  # bench) on the gateway and the verifier in the first ar run; then ar / auto in process
+  # over the same 160 requests (c1, c8)
+  [ -f $T/config.json ] || stage_target
+  for workers in 1 2; do
+    mark "serve, $workers gateway process(es)"
+    SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" \
+      GATEWAY_WORKERS=$workers start_serve _w$workers || exit 3
+    for mode in ar auto; do
+      mark "$mode c8 through serve, $workers gateway process(es)"
+      [ "$workers$mode" = 1ar ] && SPY_DELAY=0 SPY_SECONDS=25 SPY_IDLE=0 spy_start 200 ar_w1 \
+        gateway verifier
+      bench_url $mode 16 8 "$OUT/report_${mode}_w$workers.json"
+      [ "$workers$mode" = 1ar ] && spy_summaries ar_w1 gateway verifier
+    done
+    kill $S; wait $S 2>/dev/null
+  done
+  mark "ar / auto in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,auto 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT"/report_*.json | tail -2 | cut -c1-300
+  (cd "$OUT" && gzip -f spy_ar_w1_*.txt report_*.json serve_w*.log)
   pack_all $1
   mark done
   ;;
