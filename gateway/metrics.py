@@ -8,10 +8,18 @@ GetStats, read at scrape time.
 Every family is exposed as `ddtree:<name>` and, where vLLM has the same metric, ALSO under
 vLLM's name and labels (`vllm:<name>{model_name=...}`), so dashboards and alerts built for
 vLLM work unchanged (docs/operations.md, docs/grafana-dashboard.json).
+
+Several gateway processes on one port (`ddtree serve --gateway-workers N`) share their
+figures through prometheus_client's multiprocess mode, as vLLM's API servers do: with
+PROMETHEUS_MULTIPROC_DIR set (before prometheus_client is imported) every process writes
+its values there and any of them answers /metrics with the sums over all (counters,
+histograms, the in-flight gauge over live processes; the accept-length gauge is the most
+recent value set).
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterator
 
@@ -22,6 +30,7 @@ from prometheus_client.metrics_core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ddtree.v1 import common_pb2, verifier_pb2
@@ -101,7 +110,9 @@ class _Exposition(Collector):
         self.snapshot: verifier_pb2.EngineStats | None = None
 
     def collect(self) -> Iterator[Metric]:
-        families = list(self.metrics.registry.collect())
+        shared = self.metrics.shared_dir
+        families = list(MultiProcessCollector(None, shared).collect() if shared
+                        else self.metrics.registry.collect())
         up = GaugeMetricFamily(PREFIX + "verifier_up", "1 when the verifier answered GetStats "
                                "at this scrape.", labels=["model_name"])
         up.add_metric([self.metrics.model_name], float(self.snapshot is not None))
@@ -114,12 +125,19 @@ class _Exposition(Collector):
                 yield vllm_alias(family)
 
 
+def multiprocess_dir() -> str | None:
+    """The directory several gateway processes share their figures in, if any."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
 class Metrics:
-    """One registry per app (tests run several apps in one process)."""
+    """One registry per app (tests run several apps in one process); with a multiprocess
+    directory /metrics shows every process's figures."""
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
+        self.shared_dir = multiprocess_dir()
         labels = ["model_name"]
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -142,7 +160,7 @@ class Metrics:
         self.accept_length = Gauge(
             PREFIX + "spec_accept_length",
             f"Tokens committed per verify round, bonus included (last {NUM_RECENT_REQUESTS} "
-            "requests).", labels, registry=self.registry)
+            "requests).", labels, registry=self.registry, multiprocess_mode="mostrecent")
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.",
                               _LATENCY_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds",
@@ -162,7 +180,7 @@ class Metrics:
                                         ("status",))
         self.in_flight = Gauge(PREFIX + "gateway_requests_in_flight",
                                "Generations the gateway is streaming.", labels,
-                               registry=self.registry)
+                               registry=self.registry, multiprocess_mode="livesum")
         self._recent: deque[tuple[int, int]] = deque(maxlen=NUM_RECENT_REQUESTS)
         self._exposition = _Exposition(self)
         self._export = CollectorRegistry()

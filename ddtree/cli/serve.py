@@ -8,8 +8,11 @@ Ctrl-C / SIGTERM stops it (exit 0).
 Ports are fixed (gateway 8000, verifier 50051, drafter 50052: what the README's curl and
 grpcurl examples use), and everything binds loopback unless --host says otherwise for the
 gateway. `--gateway-workers N` runs N gateway processes on that port (SO_REUSEPORT: the
-kernel spreads connections over them; one per core near saturation, as vLLM's API server
-count). `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
+kernel spreads connections over them, as vLLM's API server count; by default 2 on a host
+of 8 cores or more: one process streaming ~8,000 tokens a second, ar at 8 users on the
+H200, falls behind by ~50 ms); they share their /metrics figures through a directory of
+prometheus_client's multiprocess mode, removed at the end.
+`--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
 kills the drafter through it). `--colocate-drafter` runs the drafter inside the verifier
 process instead (two processes, one device, no gRPC hop per round). Secrets reach the
 children through their environment (DDTREE_API_KEY, DDTREE_GRPC_TOKEN), never their
@@ -22,7 +25,9 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -40,6 +45,8 @@ from ddtree.mps import MODES, MpsServer, decide
 
 # How long a child may take to load its model and answer its health check.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
+# A host with this many cores runs two gateway processes unless told otherwise.
+MANY_CORES = 8
 LOOPBACK = "127.0.0.1"
 
 
@@ -50,9 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(budget=None)  # min(DEFAULT_BUDGET, --max-budget) unless given
     parser.add_argument("--host", default=LOOPBACK, help="the gateway's bind address")
     parser.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
-    parser.add_argument("--gateway-workers", type=int, default=1,
-                        help="gateway processes sharing the HTTP port (SO_REUSEPORT); each "
-                             "answers /metrics for itself")
+    parser.add_argument("--gateway-workers", type=int, default=0,
+                        help="gateway processes sharing the HTTP port (SO_REUSEPORT; any "
+                             "answers /metrics for all); 0: 2 on a host of "
+                             f"{MANY_CORES} cores or more, else 1")
     parser.add_argument("--verifier-port", type=int, default=50051, help="loopback gRPC port")
     parser.add_argument("--drafter-port", type=int, default=50052, help="loopback gRPC port")
     parser.add_argument("--max-model-len", type=int, default=0, help="0 = the target's")
@@ -138,11 +146,18 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
     commands.append(("verifier", verifier))
     gateway = [python, "-m", "gateway", "--verifier-addr", f"{LOOPBACK}:{args.verifier_port}",
                "--host", args.host, "--port", str(args.port), "--target", target]
-    workers = args.gateway_workers
+    workers = gateway_workers(args)
     for worker in range(workers):
         name = "gateway" if worker == 0 else f"gateway-{worker + 1}"
         commands.append((name, [*gateway, "--reuse-port"] if workers > 1 else gateway))
     return commands
+
+
+def gateway_workers(args: argparse.Namespace) -> int:
+    """--gateway-workers, or (0) 2 on a host of MANY_CORES cores or more, else 1."""
+    if args.gateway_workers:
+        return int(args.gateway_workers)
+    return 2 if (os.cpu_count() or 1) >= MANY_CORES else 1
 
 
 def placement(args: argparse.Namespace, gpu: int | None) -> str:
@@ -191,8 +206,9 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `ddtree generate` / `bench` run where grpc's health package is absent.
     from ddtree.healthcheck import is_serving
 
-    if args.gateway_workers < 1:
-        raise DDTreeError(f"--gateway-workers must be >= 1, got {args.gateway_workers}")
+    if args.gateway_workers < 0:
+        raise DDTreeError(f"--gateway-workers must be >= 0 (0: by the host's cores), got "
+                          f"{args.gateway_workers}")
     if args.colocate_drafter and (args.drafter_gpu is not None
                                   or args.tensor_parallel_size != 1):
         raise DDTreeError("--colocate-drafter runs the drafter on the verifier's device: "
@@ -211,12 +227,35 @@ def run(args: argparse.Namespace) -> int:
         "verifier": lambda: is_serving(addresses["verifier"]),
     }
     children = []
+    # Several gateway processes share their /metrics figures here (multiprocess mode).
+    metrics_dir = (tempfile.mkdtemp(prefix="ddtree-gateway-metrics-")
+                   if gateway_workers(args) > 1 else None)
     for name, argv in service_commands(args, target, drafter):
         service = name.split("-")[0]  # gateway-2, ... are gateway processes too
         child = Child(name, argv, checks.get(service, lambda: False), addresses[service])
         if service == "gateway":
             child.is_ready = functools.partial(gateway_ready, f"{gateway_url}/health", child)
+            if metrics_dir is not None:
+                child.env = {"PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+                child.on_exit = functools.partial(forget_gateway, metrics_dir)
         children.append(child)
+    try:
+        return supervise(args, children, gateway_url, drafter)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def forget_gateway(metrics_dir: str, pid: int) -> None:
+    """A dead gateway process's live gauges (its requests in flight) leave /metrics; its
+    counters and histograms stay in the sums."""
+    from prometheus_client.multiprocess import mark_process_dead
+
+    mark_process_dead(pid, metrics_dir)
+
+
+def supervise(args: argparse.Namespace, children: list[Child], gateway_url: str,
+              drafter: str | None) -> int:
     env = child_env(args)
     device = placement(args, args.verifier_gpu)
     start_mps, why = decide(args.mps, device, shares_gpu(args, drafter), env)

@@ -52,6 +52,8 @@ class Child:
     restart_at: float = 0.0
     backoff_s: float = MIN_BACKOFF_S
     num_restarts: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)  # on top of the supervisor's
+    on_exit: Callable[[int], None] | None = None  # called with a dead process's pid
 
 
 # argv: parent pid, then the command. PR_SET_PDEATHSIG (1) survives exec; the parent-pid
@@ -115,7 +117,7 @@ class Supervisor:
                 signal.signal(sig, old)
 
     def _start(self, child: Child) -> None:
-        child.process = subprocess.Popen(guarded(child.argv), env=dict(self.env),
+        child.process = subprocess.Popen(guarded(child.argv), env={**self.env, **child.env},
                                          start_new_session=True)
         child.state, child.started_at = "starting", time.monotonic()
         self._write_pid(child.name, child.process.pid)
@@ -161,6 +163,8 @@ class Supervisor:
                 self._terminate(child)
 
     def _on_death(self, child: Child, code: int, now: float) -> None:
+        if child.on_exit is not None and child.process is not None:
+            child.on_exit(child.process.pid)
         if child.state == "ready" and now - child.ready_at > STABLE_AFTER_S:
             child.backoff_s = MIN_BACKOFF_S
         child.state, child.restart_at = "stopped", now + child.backoff_s

@@ -39,8 +39,8 @@ async def engine_stats(state: GatewayState) -> verifier_pb2.EngineStats | None:
         return None
 
 
-# Which gateway process answered (several may share the port: `ddtree serve` waits for
-# each worker's own 200).
+# Which gateway process answered /health or /metrics (several may share the port: `ddtree
+# serve` waits for each worker's own 200).
 PID_HEADER = "x-ddtree-gateway-pid"
 
 
@@ -63,4 +63,5 @@ async def health(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     state = gateway_state(request)
     stats = await engine_stats(state)
-    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST,
+                    headers={PID_HEADER: str(os.getpid())})

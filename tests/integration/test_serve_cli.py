@@ -187,12 +187,22 @@ def test_sixty_four_concurrent_requests_all_complete(serve: Serve) -> None:
     assert len({tuple(body["choices"][0]["token_ids"]) for _, body in results}) == 1
 
 
+def finished_requests(serve: Serve) -> tuple[str, float]:
+    """(the pid of the gateway process that answered, ddtree:request_success_total summed
+    over its labels) from /metrics, on a new connection."""
+    with urllib.request.urlopen(f"{serve.url}/metrics", timeout=30) as reply:
+        pid, text = reply.headers.get("x-ddtree-gateway-pid"), reply.read().decode()
+    return pid, sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("ddtree:request_success_total{"))
+
+
 def test_gateway_workers_share_the_port_and_one_dying_loses_no_request(
         tiny_pair: Path, tmp_path: Path) -> None:
     """`--gateway-workers 2`: two gateway processes on one port (SO_REUSEPORT). Once one of
     them died, every request is answered (by the other) while it restarts. (A connection
     the kernel had queued for the dying process when it died is reset, as with any
-    SO_REUSEPORT server.)"""
+    SO_REUSEPORT server.) /metrics, from whichever process answers, counts every request
+    either served, the dead one's included (prometheus_client's multiprocess mode)."""
     serve = Serve(tiny_pair, tmp_path / "pids", "--gateway-workers", "2")
     try:
         serve.wait_for("OpenAI API at")
@@ -206,6 +216,14 @@ def test_gateway_workers_share_the_port_and_one_dying_loses_no_request(
         serve.wait_for("gateway ready")
         assert serve.pid("gateway") != first and pid_alive(serve.pid("gateway"))
         assert pid_alive(serve.pid("gateway-2"))
+        sums: dict[str, set[float]] = {}
+        for _ in range(200):  # until both live processes have answered a scrape
+            pid, total = finished_requests(serve)
+            sums.setdefault(pid, set()).add(total)
+            if len(sums) == 2:
+                break
+        assert set(sums) == {str(serve.pid("gateway")), str(serve.pid("gateway-2"))}
+        assert all(totals == {9.0} for totals in sums.values()), sums
         assert serve.stop(signal.SIGTERM) == 0
         assert not list(serve.pid_dir.glob("*.pid"))
     finally:
