@@ -323,11 +323,11 @@ placements_bench() {  # "placement..." bench-args...: `ddtree serve` in each pla
 }
 
 bench_url() {  # mode budget concurrency report.json: NUM (160) HumanEval requests of MAXTOK
-  # (256) tokens through `ddtree serve` on port 8000, two client processes; its table row
+  # (256) tokens through `ddtree serve` on port 8000, CLIENTS (2) client processes; its row
   timeout 150 python3 -m ddtree.cli bench --url http://127.0.0.1:8000 --prompts humaneval \
     --num-prompts "${NUM:-160}" --num-requests "${NUM:-160}" --max-tokens "${MAXTOK:-256}" \
-    --no-progress --client-processes 2 --modes "$1" --budgets "$2" --concurrency "$3" \
-    --json-out "$4" 2>&1 | grep humaneval
+    --no-progress --client-processes "${CLIENTS:-2}" --modes "$1" --budgets "$2" \
+    --concurrency "$3" --json-out "$4" 2>&1 | grep humaneval
 }
 
 spy_start() {  # rate tag svc...: py-spy on each service for SPY_SECONDS (8) s, SPY_DELAY
@@ -883,6 +883,22 @@ PY
   kill $S; wait $S 2>/dev/null
   (cd "$OUT" && gzip -f spy_ar_gateway.txt spy_ar_verifier.txt spy_tree_gateway.txt \
     spy_tree_verifier.txt; gzip -f serve_prof.log)
+  pack_all $1
+  mark done
+  ;;
+142)
+  # (after 0-3, carry .carry/g4) whether the bench client holds ar at c8 through `ddtree
+  # serve` (lease 40: 0.76x of in process with one or two gateway processes, the gateway
+  # at ~50% of a core, requests ending 23-30 ms after the verifier's last message):
+  # `ddtree serve --mode ar` (no drafter), ar c8 from 2 client processes, 6, then 2 again
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--mode ar --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _ar || exit 3
+  for clients in 2 6 2; do
+    mark "ar c8, $clients client processes"
+    CLIENTS=$clients bench_url ar 16 8 "$OUT/report_ar_clients$clients.json"
+  done
+  kill $S; wait $S 2>/dev/null
+  gzip -f "$OUT/serve_ar.log"
   pack_all $1
   mark done
   ;;
