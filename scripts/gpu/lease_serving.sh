@@ -8,8 +8,9 @@
 # (`bash scripts/gpu/make_carry.sh` rebuilds .whl and .carry on a fresh checkout; copy each
 # call's returned all<N>.tar into docs/gpu-runs/<date>-lease<NN>/ and commit it at once: the
 # files a call returns live outside the checkout and lease 35's went with its session):
-#   call 0  carries .whl, .carry/spec and .carry/g0 (part0 parked in /tmp)
-#   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3: park them in /tmp
+#   call 0  carries .whl and .carry/g0 (part0 parked in /tmp)
+#   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3 (call 3 also .carry/spec, for the
+#           spec-bench calls): park them in /tmp
 #   the work call carries .carry/g4 (part4: stage_target joins the five and checks them)
 #   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
 #           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
@@ -2010,6 +2011,8 @@ PY
   ;;
 1|2|3)
   cp .carry/g$1/part* /tmp/
+  # the spec-bench JSONL ride with call 3 since lease 40 (call 0 with them passed 64 MiB)
+  if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi
   if [ "$1" = 1 ]; then
     cp .carry/g1/HumanEval.jsonl.gz /tmp/
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
