@@ -113,5 +113,6 @@ async def respond(state: GatewayState, plan: Plan, request: Request) -> Response
         return [run.result for run in runs]
 
     body = events(first, stream, formatter, finished, plan.include_usage,
-                  so_far if plan.include_continuous_usage else None)
+                  so_far if plan.include_continuous_usage else None,
+                  state.metrics.observe_delivery)
     return SSEResponse(body, headers=SSE_HEADERS)

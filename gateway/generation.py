@@ -38,10 +38,15 @@ class ChoiceDelta:
     finish_reason: str | None = None
     # Leading `logprobs` entries that carry no logprob: an echoed prompt's first token.
     num_unscored: int = 0
+    # When the verifier built the oldest message this event carries (its wall clock; 0:
+    # unknown): the gateway times the way to the client's socket from it.
+    sent_unix_s: float = 0.0
 
     def extend(self, other: ChoiceDelta) -> None:
         if not self.logprobs:
             self.num_unscored = other.num_unscored
+        if not self.sent_unix_s:
+            self.sent_unix_s = other.sent_unix_s
         self.content += other.content
         self.reasoning += other.reasoning
         self.token_ids += other.token_ids
@@ -101,6 +106,7 @@ class ChoiceRun:
                        else _one_by_one(self.client.generate(self.request)))
             async with aclosing(batches):
                 async for batch in batches:
+                    self.metrics.observe_hop(batch[0].sent_unix_s)
                     deltas: list[ChoiceDelta] = []
                     for message in batch:
                         self.is_admitted = True
@@ -156,7 +162,8 @@ class ChoiceRun:
             return self._accumulate([delta])
         for i, token in enumerate(message.token_ids):
             text, is_stop = self.stops.feed(self.detokenizer.push([token]))
-            delta = ChoiceDelta(index, token_ids=[token], logprobs=list(message.logprobs[i:i + 1]))
+            delta = ChoiceDelta(index, token_ids=[token], logprobs=list(message.logprobs[i:i + 1]),
+                                sent_unix_s=message.sent_unix_s)
             self._add_text(delta, text)
             deltas.append(delta)
             if is_stop:
@@ -164,7 +171,7 @@ class ChoiceRun:
                 delta.finish_reason = "stop"
                 return self._accumulate(deltas)
         if message.finish_reason:
-            last = deltas[-1] if deltas else ChoiceDelta(index)
+            last = deltas[-1] if deltas else ChoiceDelta(index, sent_unix_s=message.sent_unix_s)
             if not deltas:
                 deltas.append(last)
             text, is_stop = self.stops.feed(self.detokenizer.flush())

@@ -20,6 +20,7 @@ recent value set).
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -170,6 +171,13 @@ class Metrics:
         self.stage = histogram("spec_round_stage_seconds",
                                "Mean time per verify round in each stage of a request "
                                "(prefill: once per request).", _STAGE_BUCKETS, ("stage",))
+        self.hop = histogram("verifier_hop_seconds",
+                             "From the verifier building a generation's message to the "
+                             "gateway taking it up (one host's wall clock).", _STAGE_BUCKETS)
+        self.delivery = histogram("delivery_seconds",
+                                  "From the verifier building a generation's message to its "
+                                  "event written to the client (one host's wall clock).",
+                                  _STAGE_BUCKETS)
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Completion tokens returned.")
         self.request_success = counter("request_success", "Finished choices (abort: the "
@@ -193,6 +201,17 @@ class Metrics:
             return generate_latest(self._export)
         finally:
             self._exposition.snapshot = None
+
+    def observe_hop(self, sent_unix_s: float) -> None:
+        """A verifier message taken up now (`sent_unix_s`: when the verifier built it; 0 from
+        a verifier that does not say)."""
+        if sent_unix_s > 0:
+            self.hop.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
+
+    def observe_delivery(self, sent_unix_s: float) -> None:
+        """An event written to the client now, carrying a message built at `sent_unix_s`."""
+        if sent_unix_s > 0:
+            self.delivery.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
 
     def observe_rejected(self, status: int) -> None:
         self.request_rejected.labels(self.model_name, str(status)).inc()

@@ -37,10 +37,13 @@ async def events(
     results: Callable[[], Sequence[ChoiceResult]],
     include_usage: bool,
     so_far: Callable[[], Sequence[ChoiceResult]] | None = None,
+    delivered: Callable[[float], None] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The SSE body: chunks, the usage chunk (only when asked), then [DONE]. An error
     after the first chunk can no longer change the HTTP status: it becomes an error event.
-    `so_far` (continuous usage stats): every chunk carries the usage until then."""
+    `so_far` (continuous usage stats): every chunk carries the usage until then.
+    `delivered`: told each chunk's `sent_unix_s` once the chunk is written (the response
+    resumes this generator only then)."""
 
     def chunk(delta: ChoiceDelta) -> bytes:
         return sse(formatter.chunk(delta, so_far() if so_far is not None else None))
@@ -48,8 +51,12 @@ async def events(
     async with aclosing(rest):
         try:
             yield chunk(first)
+            if delivered is not None:
+                delivered(first.sent_unix_s)
             async for delta in rest:
                 yield chunk(delta)
+                if delivered is not None:
+                    delivered(delta.sent_unix_s)
             final = results()
             if include_usage:
                 yield sse(formatter.usage_chunk(final))

@@ -4,6 +4,7 @@ verifier_svc/status.py."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -113,6 +114,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 response.prompt_logprobs.extend(codec.logprobs_to_proto(result.prompt_logprobs))
         if last.finished and stats is not None:
             response.stats.CopyFrom(codec.stats_to_proto(stats))
+        response.sent_unix_s = time.time()
         return response
 
     @unary

@@ -63,9 +63,12 @@ def test_health_is_503_while_every_kv_slot_is_taken(gateway: str, verifier: Veri
 
 
 def test_metrics_carry_vllm_names_and_the_engines_gauges(gateway: str) -> None:
+    before = httpx.get(f"{gateway}/metrics", timeout=10).text
     with openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0) as client:
         client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0,
                                   extra_body={"ddtree": {"mode": "tree"}})
+        events = list(client.completions.create(model="tiny", prompt="Hi", max_tokens=6,
+                                                temperature=0, stream=True))
     text = httpx.get(f"{gateway}/metrics", timeout=10).text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
@@ -79,6 +82,14 @@ def test_metrics_carry_vllm_names_and_the_engines_gauges(gateway: str) -> None:
         assert name in text, name
     assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"}' in text
     assert 'vllm:num_requests_running{model_name="tiny"}' in text
+    # the way from the verifier's messages: every message taken up (both requests), and
+    # every streamed event written to the client (the stream's)
+    def count(metrics: str, name: str) -> float:
+        prefix = f'ddtree:{name}_count{{model_name="tiny"}} '
+        return sum(float(line[len(prefix):]) for line in metrics.splitlines()
+                   if line.startswith(prefix))
+    assert count(text, "verifier_hop_seconds") >= count(before, "verifier_hop_seconds") + 2
+    assert count(text, "delivery_seconds") >= count(before, "delivery_seconds") + len(events)
 
 
 def test_metrics_answer_quickly_without_a_verifier(tiny_pair: Path) -> None:
