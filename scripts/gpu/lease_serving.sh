@@ -891,12 +891,16 @@ PY
   # (after 0-3, carry .carry/g4) whether the bench client holds ar at c8 through `ddtree
   # serve` (lease 40: 0.76x of in process with one or two gateway processes, the gateway
   # at ~50% of a core, requests ending 23-30 ms after the verifier's last message):
-  # `ddtree serve --mode ar` (no drafter), ar c8 from 2 client processes, 6, then 2 again
+  # `ddtree serve --mode ar` (no drafter), ar c8 from 2 client processes, 6, then 2 again;
+  # after each run the way from the verifier's messages as /metrics has it (cumulative:
+  # verifier -> gateway taking a message up, verifier -> event written to the client)
   [ -f $T/config.json ] || stage_target
   SERVE_ARGS="--mode ar --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _ar || exit 3
   for clients in 2 6 2; do
     mark "ar c8, $clients client processes"
     CLIENTS=$clients bench_url ar 16 8 "$OUT/report_ar_clients$clients.json"
+    curl -s http://127.0.0.1:8000/metrics | tee -a "$OUT/metrics_ar.txt" \
+      | grep -E "^ddtree:(verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)"
   done
   kill $S; wait $S 2>/dev/null
   gzip -f "$OUT/serve_ar.log"
