@@ -8,10 +8,9 @@ Ctrl-C / SIGTERM stops it (exit 0).
 Ports are fixed (gateway 8000, verifier 50051, drafter 50052: what the README's curl and
 grpcurl examples use), and everything binds loopback unless --host says otherwise for the
 gateway. `--gateway-workers N` runs N gateway processes on that port (SO_REUSEPORT: the
-kernel spreads connections over them, as vLLM's API server count; by default 2 on a host
-of 8 cores or more: one process streaming ~8,000 tokens a second, ar at 8 users on the
-H200, falls behind by ~50 ms); they share their /metrics figures through a directory of
-prometheus_client's multiprocess mode, removed at the end.
+kernel spreads connections over them, as vLLM's API server count); they share their
+/metrics figures through a directory of prometheus_client's multiprocess mode, removed at
+the end.
 `--pid-dir DIR` keeps DIR/<service>.pid current across restarts (scripts/soak.py
 kills the drafter through it). `--colocate-drafter` runs the drafter inside the verifier
 process instead (two processes, one device, no gRPC hop per round). Secrets reach the
@@ -45,8 +44,6 @@ from ddtree.mps import MODES, MpsServer, decide
 
 # How long a child may take to load its model and answer its health check.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
-# A host with this many cores runs two gateway processes unless told otherwise.
-MANY_CORES = 8
 LOOPBACK = "127.0.0.1"
 
 
@@ -57,10 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(budget=None)  # min(DEFAULT_BUDGET, --max-budget) unless given
     parser.add_argument("--host", default=LOOPBACK, help="the gateway's bind address")
     parser.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
-    parser.add_argument("--gateway-workers", type=int, default=0,
+    parser.add_argument("--gateway-workers", type=int, default=1,
                         help="gateway processes sharing the HTTP port (SO_REUSEPORT; any "
-                             "answers /metrics for all); 0: 2 on a host of "
-                             f"{MANY_CORES} cores or more, else 1")
+                             "answers /metrics for all)")
     parser.add_argument("--verifier-port", type=int, default=50051, help="loopback gRPC port")
     parser.add_argument("--drafter-port", type=int, default=50052, help="loopback gRPC port")
     parser.add_argument("--max-model-len", type=int, default=0, help="0 = the target's")
@@ -146,18 +142,11 @@ def service_commands(args: argparse.Namespace, target: str, drafter: str | None
     commands.append(("verifier", verifier))
     gateway = [python, "-m", "gateway", "--verifier-addr", f"{LOOPBACK}:{args.verifier_port}",
                "--host", args.host, "--port", str(args.port), "--target", target]
-    workers = gateway_workers(args)
+    workers = args.gateway_workers
     for worker in range(workers):
         name = "gateway" if worker == 0 else f"gateway-{worker + 1}"
         commands.append((name, [*gateway, "--reuse-port"] if workers > 1 else gateway))
     return commands
-
-
-def gateway_workers(args: argparse.Namespace) -> int:
-    """--gateway-workers, or (0) 2 on a host of MANY_CORES cores or more, else 1."""
-    if args.gateway_workers:
-        return int(args.gateway_workers)
-    return 2 if (os.cpu_count() or 1) >= MANY_CORES else 1
 
 
 def placement(args: argparse.Namespace, gpu: int | None) -> str:
@@ -206,9 +195,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `ddtree generate` / `bench` run where grpc's health package is absent.
     from ddtree.healthcheck import is_serving
 
-    if args.gateway_workers < 0:
-        raise DDTreeError(f"--gateway-workers must be >= 0 (0: by the host's cores), got "
-                          f"{args.gateway_workers}")
+    if args.gateway_workers < 1:
+        raise DDTreeError(f"--gateway-workers must be >= 1, got {args.gateway_workers}")
     if args.colocate_drafter and (args.drafter_gpu is not None
                                   or args.tensor_parallel_size != 1):
         raise DDTreeError("--colocate-drafter runs the drafter on the verifier's device: "
@@ -229,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     children = []
     # Several gateway processes share their /metrics figures here (multiprocess mode).
     metrics_dir = (tempfile.mkdtemp(prefix="ddtree-gateway-metrics-")
-                   if gateway_workers(args) > 1 else None)
+                   if args.gateway_workers > 1 else None)
     for name, argv in service_commands(args, target, drafter):
         service = name.split("-")[0]  # gateway-2, ... are gateway processes too
         child = Child(name, argv, checks.get(service, lambda: False), addresses[service])

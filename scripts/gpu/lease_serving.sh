@@ -253,7 +253,7 @@ print(pull_smollm2(Path('/tmp/ddtree-cache'), progress=False, gguf=Path('/tmp/Sm
 
 start_serve() {  # [tag]: `ddtree serve` in the background (its pid in S), once healthy
   python3 -m ddtree.cli serve --target $T --drafter $D --port 8000 --device cuda \
-    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-0}" ${SERVE_ARGS:-} \
+    --dtype bfloat16 --gateway-workers "${GATEWAY_WORKERS:-1}" ${SERVE_ARGS:-} \
     >"$OUT/serve${1:-}.log" 2>&1 &
   S=$!
   wait_healthy $S "$OUT/serve${1:-}.log"

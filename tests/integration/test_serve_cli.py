@@ -39,9 +39,7 @@ class Serve:
                 "--drafter", str(pair / "drafter"), "--device", "cpu", "--dtype", "float32",
                 "--mode", "tree", "--budget", "4", "--port", str(self.port),
                 "--verifier-port", str(free_port()), "--drafter-port", str(free_port()),
-                "--pid-dir", str(pid_dir),
-                "--gateway-workers", "1",  # not by the host's cores (extra may say 2)
-                *extra]
+                "--pid-dir", str(pid_dir), *extra]
         self.process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from ddtree.cli import build_parser
@@ -67,22 +65,9 @@ def test_tensor_parallel_flags_reach_the_verifier() -> None:
     assert verifier[verifier.index("--verifier-gpus") + 1] == "2,3"
 
 
-def test_gateway_processes_follow_the_host_unless_told(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    def gateways(cores: int, *extra: str) -> list[str]:
-        monkeypatch.setattr(os, "cpu_count", lambda: cores)
-        args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d", *extra])
-        return [name for name, _ in service_commands(args, "t", "d") if name.startswith("gateway")]
-
-    assert gateways(2) == ["gateway"]
-    assert gateways(16) == ["gateway", "gateway-2"]
-    assert gateways(16, "--gateway-workers", "1") == ["gateway"]
-    assert gateways(2, "--gateway-workers", "3") == ["gateway", "gateway-2", "gateway-3"]
-
-
 def test_a_colocated_drafter_runs_in_the_verifier() -> None:
     args = build_parser().parse_args(["serve", "--target", "t", "--drafter", "d",
-                                      "--colocate-drafter", "--gateway-workers", "1"])
+                                      "--colocate-drafter"])
     commands = dict(service_commands(args, "t", "d"))
     assert list(commands) == ["verifier", "gateway"]  # no drafter service
     verifier = commands["verifier"]
