@@ -69,7 +69,9 @@ def build_state(
     model = config.model_name or Path(config.tokenizer).resolve().name
     defaults = Defaults(model, load_sampling_defaults(config.tokenizer),
                         config.stream_granularity, config.max_n, config.merge_when_behind)
-    return GatewayState(config, client, encoder, TokenNames(encoder.tokenizer), Metrics(model),
+    metrics = Metrics(model)
+    client.on_read = metrics.observe_read
+    return GatewayState(config, client, encoder, TokenNames(encoder.tokenizer), metrics,
                         defaults, created=int(time.time()))
 
 

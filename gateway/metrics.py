@@ -171,6 +171,10 @@ class Metrics:
         self.stage = histogram("spec_round_stage_seconds",
                                "Mean time per verify round in each stage of a request "
                                "(prefill: once per request).", _STAGE_BUCKETS, ("stage",))
+        self.read = histogram("verifier_read_seconds",
+                              "From the verifier building a message to the gateway reading "
+                              "it off the shared GenerateMany stream (one host's wall "
+                              "clock).", _STAGE_BUCKETS)
         self.hop = histogram("verifier_hop_seconds",
                              "From the verifier building a generation's message to the "
                              "gateway taking it up (one host's wall clock).", _STAGE_BUCKETS)
@@ -201,6 +205,11 @@ class Metrics:
             return generate_latest(self._export)
         finally:
             self._exposition.snapshot = None
+
+    def observe_read(self, sent_unix_s: float) -> None:
+        """A shared-stream message read off the gRPC stream now."""
+        if sent_unix_s > 0:
+            self.read.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
 
     def observe_hop(self, sent_unix_s: float) -> None:
         """A verifier message taken up now (`sent_unix_s`: when the verifier built it; 0 from

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, TypeAlias
 
@@ -56,10 +56,13 @@ Update: TypeAlias = "verifier_pb2.GenerationUpdate | grpc.aio.AioRpcError"
 
 
 class SharedStream:
-    """One GenerateMany call and the queues of the generations started on it."""
+    """One GenerateMany call and the queues of the generations started on it; `on_read` is
+    told each message's oldest `sent_unix_s` as it comes off the stream."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall,
+                 on_read: Callable[[float], None] | None = None) -> None:
         self.call = call
+        self.on_read = on_read
         self.queues: dict[str, asyncio.Queue[Update]] = {}
         self.error: grpc.aio.AioRpcError | None = None  # set once the call has ended
         self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
@@ -69,6 +72,8 @@ class SharedStream:
         error = status_error(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream")
         try:
             async for response in self.call:
+                if self.on_read is not None and response.updates:
+                    self.on_read(response.updates[0].response.sent_unix_s)
                 for update in response.updates:
                     queue = self.queues.get(update.request_id)
                     if queue is not None:  # else a generation that stopped listening
@@ -129,6 +134,8 @@ class VerifierClient:
         self.shared_stream = shared_stream
         self._shared: SharedStream | None = None
         self._background: set[asyncio.Task[None]] = set()  # aborts in flight
+        # Told each shared-stream message's `sent_unix_s` as it is read (the app's metrics).
+        self.on_read: Callable[[float], None] | None = None
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> VerifierClient:
@@ -184,7 +191,7 @@ class VerifierClient:
         """The live shared stream, opened anew after the last one ended."""
         if self._shared is None or self._shared.error is not None:
             call = self.stub.GenerateMany(metadata=self._metadata)  # lives with the gateway
-            self._shared = SharedStream(call)
+            self._shared = SharedStream(call, self.on_read)
         return self._shared
 
     async def _generate_shared(

@@ -900,7 +900,7 @@ PY
     mark "ar c8, $clients client processes"
     CLIENTS=$clients bench_url ar 16 8 "$OUT/report_ar_clients$clients.json"
     curl -s http://127.0.0.1:8000/metrics | tee -a "$OUT/metrics_ar.txt" \
-      | grep -E "^ddtree:(verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)"
+      | grep -E "^ddtree:(verifier_read|verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)"
   done
   kill $S; wait $S 2>/dev/null
   gzip -f "$OUT/serve_ar.log"

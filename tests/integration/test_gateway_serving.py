@@ -88,6 +88,7 @@ def test_metrics_carry_vllm_names_and_the_engines_gauges(gateway: str) -> None:
         prefix = f'ddtree:{name}_count{{model_name="tiny"}} '
         return sum(float(line[len(prefix):]) for line in metrics.splitlines()
                    if line.startswith(prefix))
+    assert count(text, "verifier_read_seconds") >= count(before, "verifier_read_seconds") + 2
     assert count(text, "verifier_hop_seconds") >= count(before, "verifier_hop_seconds") + 2
     assert count(text, "delivery_seconds") >= count(before, "delivery_seconds") + len(events)
 
