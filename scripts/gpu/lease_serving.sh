@@ -331,6 +331,15 @@ bench_url() {  # mode budget concurrency report.json: NUM (160) HumanEval reques
     --concurrency "$3" --json-out "$4" 2>&1 | grep humaneval
 }
 
+cpu_snapshot() {  # "name jiffies" for each process in $OUT/pids (user + system) and for
+  # the whole machine (busy: all but idle and iowait), one a line
+  local f
+  for f in "$OUT"/pids/*.pid; do
+    echo "$(basename "$f" .pid) $(awk '{print $14 + $15}' /proc/"$(cat "$f")"/stat 2>/dev/null || echo 0)"
+  done
+  awk '/^cpu /{print "machine", $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
+}
+
 spy_start() {  # rate tag svc...: py-spy on each service for SPY_SECONDS (8) s, SPY_DELAY
   # (4) s from now, idle threads too unless SPY_IDLE=0 (then a sample is CPU work: a bench
   # whose client takes its time to start is covered whole by a long recording), into
@@ -894,11 +903,16 @@ PY
   # `ddtree serve --mode ar` (no drafter), ar c8 from 2 client processes, 6, then 2 again;
   # after each run the way from the verifier's messages as /metrics has it (cumulative:
   # verifier -> gateway taking a message up, verifier -> event written to the client)
+  # and the CPU each process and the whole machine used during the run (the lease-40 lead
+  # on a 2-core sandbox was a starved machine: is the GPU host's busier than it looks?)
   [ -f $T/config.json ] || stage_target
   SERVE_ARGS="--mode ar --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _ar || exit 3
   for clients in 2 6 2; do
     mark "ar c8, $clients client processes"
+    cpu_snapshot > /tmp/cpu_before
     CLIENTS=$clients bench_url ar 16 8 "$OUT/report_ar_clients$clients.json"
+    cpu_snapshot | paste /tmp/cpu_before - | awk '{printf "%s cpu %.2f s, ", $1, ($4 - $2) / 100} END {print ""}' \
+      | tee -a "$OUT/cpu_ar.txt"
     curl -s http://127.0.0.1:8000/metrics | tee -a "$OUT/metrics_ar.txt" \
       | grep -E "^ddtree:(verifier_read|verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)"
   done
