@@ -74,7 +74,7 @@ COST_WINDOW = 16
 AR_MIN_SAMPLES = 64
 # ~15 minutes of ar rounds at 8 rows on the H200 (lease 40: at 10,000 rounds, ~8 s there,
 # the new rows that refreshed the evidence under a steady closed loop at 8 rows cost auto
-# 6-8% against ar; an episode lasts a few hundred rounds, so now ~0.1%).
+# 6-8% against ar; an episode lasts a few hundred rounds: ~0.1% now, by estimate).
 AR_EVIDENCE_ROUNDS = 1_000_000
 # One round's accepted paths weigh in the acceptance averages as at most this many samples
 # (their mean; the evidence gates still count every row). The rows that draft together are
