@@ -126,11 +126,6 @@ class _Exposition(Collector):
                 yield vllm_alias(family)
 
 
-def multiprocess_dir() -> str | None:
-    """The directory several gateway processes share their figures in, if any."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
-
-
 class Metrics:
     """One registry per app (tests run several apps in one process); with a multiprocess
     directory /metrics shows every process's figures."""
@@ -138,7 +133,8 @@ class Metrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        self.shared_dir = multiprocess_dir()
+        # The directory several gateway processes share their figures in, if any.
+        self.shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         labels = ["model_name"]
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -207,20 +203,21 @@ class Metrics:
             self._exposition.snapshot = None
 
     def observe_read(self, sent_unix_s: float) -> None:
-        """A shared-stream message read off the gRPC stream now."""
-        if sent_unix_s > 0:
-            self.read.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
+        """A shared-stream message read off the gRPC stream now (`sent_unix_s`: when the
+        verifier built it; 0 from a verifier that does not say)."""
+        self._since(self.read, sent_unix_s)
 
     def observe_hop(self, sent_unix_s: float) -> None:
-        """A verifier message taken up now (`sent_unix_s`: when the verifier built it; 0 from
-        a verifier that does not say)."""
-        if sent_unix_s > 0:
-            self.hop.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
+        """A generation's message taken up by its consumer now."""
+        self._since(self.hop, sent_unix_s)
 
     def observe_delivery(self, sent_unix_s: float) -> None:
         """An event written to the client now, carrying a message built at `sent_unix_s`."""
+        self._since(self.delivery, sent_unix_s)
+
+    def _since(self, histogram: Histogram, sent_unix_s: float) -> None:
         if sent_unix_s > 0:
-            self.delivery.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
+            histogram.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
 
     def observe_rejected(self, status: int) -> None:
         self.request_rejected.labels(self.model_name, str(status)).inc()
