@@ -168,9 +168,9 @@ class Metrics:
                                "Mean time per verify round in each stage of a request "
                                "(prefill: once per request).", _STAGE_BUCKETS, ("stage",))
         self.read = histogram("verifier_read_seconds",
-                              "From the verifier building a message to the gateway reading "
-                              "it off the shared GenerateMany stream (one host's wall "
-                              "clock).", _STAGE_BUCKETS)
+                              "From the verifier building a message to the gateway's event "
+                              "loop taking it from the shared GenerateMany stream's reader "
+                              "thread (one host's wall clock).", _STAGE_BUCKETS)
         self.hop = histogram("verifier_hop_seconds",
                              "From the verifier building a generation's message to the "
                              "gateway taking it up (one host's wall clock).", _STAGE_BUCKETS)
@@ -203,8 +203,8 @@ class Metrics:
             self._exposition.snapshot = None
 
     def observe_read(self, sent_unix_s: float) -> None:
-        """A shared-stream message read off the gRPC stream now (`sent_unix_s`: when the
-        verifier built it; 0 from a verifier that does not say)."""
+        """A shared-stream message taken up by the event loop now (`sent_unix_s`: when
+        the verifier built it; 0 from a verifier that does not say)."""
         self._since(self.read, sent_unix_s)
 
     def observe_hop(self, sent_unix_s: float) -> None:

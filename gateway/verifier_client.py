@@ -4,7 +4,9 @@ GetStats and the grpc.health.v1 check; TLS and the token as the gateway's config
 Generations go over ONE shared GenerateMany stream per gateway process (`shared_stream`,
 the default): the verifier then sends one message per engine round for all of them
 instead of one per generation, and its sends stop contending with the engine thread
-(verifier_svc/generate_many.py). Without it each generation is its own Generate call.
+(verifier_svc/generate_many.py). The stream is read on a thread of its own (`StreamThread`)
+that hands the gateway's loop every message that came since its last turn at once.
+Without it each generation is its own Generate call.
 
 Every generation has a deadline (`request_timeout_s`). One that fails with UNAVAILABLE
 before its first message arrived is retried (tenacity, with backoff, for up to
@@ -17,10 +19,12 @@ verifier, which frees its KV.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+import threading
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from contextlib import aclosing
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -53,57 +57,130 @@ def status_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 
 Update: TypeAlias = "verifier_pb2.GenerationUpdate | grpc.aio.AioRpcError"
+T = TypeVar("T")
+
+
+class StreamThread:
+    """An event loop on a thread of its own, with its own channel to the verifier: where the
+    shared stream is read. On the gateway's loop each read of a gRPC stream costs that loop
+    two turns, and at 8 ar streams (~8,000 events a second) a turn is all the streams'
+    events: the reads fell behind and the backlog sat in gRPC's buffers, out of reach of
+    the merging that lets a busy gateway catch up (lease 41, ar c8 through `ddtree serve`:
+    messages reached the loop 26-83 ms, on average, after the verifier built them). Here
+    the reads keep pace on a loop
+    that does nothing else and hand the gateway's loop everything that arrived since its
+    last turn at once, so that each generation takes the waiting rounds as one event."""
+
+    def __init__(self, address: str, security: GrpcSecurity) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="verifier-stream")
+        self._thread.start()
+        self.stub: verifier_pb2_grpc.VerifierStub | None = None
+        self._channel = self.run(self._open(address, security)).result()
+
+    async def _open(self, address: str, security: GrpcSecurity) -> grpc.aio.Channel:
+        channel = open_aio_channel(address, security)  # bound to this thread's loop
+        self.stub = verifier_pb2_grpc.VerifierStub(channel)
+        return channel
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def close(self) -> None:
+        await asyncio.wrap_future(self.run(self._channel.close(grace=None)))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        await asyncio.to_thread(self._thread.join)
+        self.loop.close()
 
 
 class SharedStream:
-    """One GenerateMany call and the queues of the generations started on it; `on_read` is
-    told each message's oldest `sent_unix_s` as it comes off the stream."""
+    """One GenerateMany call, read on the `StreamThread`, and the queues (on the gateway's
+    loop) of the generations started on it; `on_read` is told each message's
+    `sent_unix_s` as the gateway's loop takes it up."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall,
+    def __init__(self, thread: StreamThread, metadata: Sequence[tuple[str, str]] | None,
                  on_read: Callable[[float], None] | None = None) -> None:
-        self.call = call
+        self.thread = thread
         self.on_read = on_read
         self.queues: dict[str, asyncio.Queue[Update]] = {}
         self.error: grpc.aio.AioRpcError | None = None  # set once the call has ended
-        self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._loop = asyncio.get_running_loop()  # the gateway's
+        self._lock = threading.Lock()  # guards `_arrived` and `_is_handing`
+        self._arrived: list[verifier_pb2.GenerateManyResponse] = []
+        self._is_handing = False  # a hand-over is scheduled on the gateway's loop
+        # Both made on the thread's loop, by `_read`'s first step: it runs before any write
+        # or cancel sent after it (one loop runs callbacks in the order they were sent).
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self._writing: asyncio.Lock | None = None
+        self._reader = thread.run(self._read(metadata))
 
-    async def _read(self) -> None:
+    # ------------------------------------------------------------ on the stream's thread
+
+    async def _read(self, metadata: Sequence[tuple[str, str]] | None) -> None:
+        assert self.thread.stub is not None
+        self.call = self.thread.stub.GenerateMany(metadata=metadata)
+        self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
         error = status_error(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream")
         try:
             async for response in self.call:
-                if self.on_read is not None and response.updates:
-                    self.on_read(response.updates[0].response.sent_unix_s)
-                for update in response.updates:
-                    queue = self.queues.get(update.request_id)
-                    if queue is not None:  # else a generation that stopped listening
-                        queue.put_nowait(update)
+                with self._lock:
+                    self._arrived.append(response)
+                    if self._is_handing:
+                        continue
+                    self._is_handing = True
+                self._loop.call_soon_threadsafe(self._hand_over)
         except grpc.aio.AioRpcError as exc:
             error = exc
         except asyncio.CancelledError:
             error = status_error(grpc.StatusCode.CANCELLED, "the gateway closed the stream")
-            raise
         finally:
-            self.error = error
-            for queue in self.queues.values():
-                queue.put_nowait(error)
+            with contextlib.suppress(RuntimeError):  # the gateway's loop is gone
+                self._loop.call_soon_threadsafe(self._end, error)
+
+    async def _write(self, message: verifier_pb2.GenerateManyRequest) -> None:
+        assert self.call is not None and self._writing is not None
+        async with self._writing:
+            await self.call.write(message)
+
+    def _cancel(self) -> None:
+        assert self.call is not None
+        self.call.cancel()
+
+    # ------------------------------------------------------------ on the gateway's loop
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            arrived, self._arrived = self._arrived, []
+            self._is_handing = False
+        for response in arrived:
+            if self.on_read is not None and response.updates:
+                self.on_read(response.updates[0].response.sent_unix_s)
+            for update in response.updates:
+                queue = self.queues.get(update.request_id)
+                if queue is not None:  # else a generation that stopped listening
+                    queue.put_nowait(update)
+
+    def _end(self, error: grpc.aio.AioRpcError) -> None:
+        self._hand_over()  # what came before the end first
+        self.error = error
+        for queue in self.queues.values():
+            queue.put_nowait(error)
 
     async def send(self, message: verifier_pb2.GenerateManyRequest) -> None:
         if self.error is not None:
             raise self.error
-        async with self._writing:
-            try:
-                await self.call.write(message)
-            except grpc.aio.AioRpcError:
-                raise
-            except Exception as exc:  # written after the end (InvalidStateError, UsageError)
-                raise self.error or status_error(grpc.StatusCode.UNAVAILABLE,
-                                                 "the verifier stream has ended") from exc
+        try:
+            await asyncio.wrap_future(self.thread.run(self._write(message)))
+        except grpc.aio.AioRpcError:
+            raise
+        except Exception as exc:  # written after the end (InvalidStateError, UsageError)
+            raise self.error or status_error(grpc.StatusCode.UNAVAILABLE,
+                                             "the verifier stream has ended") from exc
 
     async def close(self) -> None:
-        self.call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        self.thread.loop.call_soon_threadsafe(self._cancel)
+        await asyncio.wrap_future(self._reader)  # `_end` ran: it was sent first
 
 
 class VerifierClient:
@@ -133,6 +210,7 @@ class VerifierClient:
         self._health: health_pb2_grpc.HealthStub | None = None
         self.shared_stream = shared_stream
         self._shared: SharedStream | None = None
+        self._stream_thread: StreamThread | None = None  # where the shared stream is read
         self._background: set[asyncio.Task[None]] = set()  # aborts in flight
         # Told each shared-stream message's `sent_unix_s` as it is read (the app's metrics).
         self.on_read: Callable[[float], None] | None = None
@@ -148,12 +226,17 @@ class VerifierClient:
         self._channel = open_aio_channel(self.address, self.security)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        if self.shared_stream:
+            self._stream_thread = await asyncio.to_thread(StreamThread, self.address,
+                                                          self.security)
 
     async def close(self) -> None:
         if self._background:
             await asyncio.wait(self._background, timeout=self.rpc_timeout_s)
         if self._shared is not None:
             await self._shared.close()
+        if self._stream_thread is not None:
+            await self._stream_thread.close()
         if self._channel is not None:
             await self._channel.close(grace=None)
 
@@ -190,8 +273,8 @@ class VerifierClient:
     def _stream(self) -> SharedStream:
         """The live shared stream, opened anew after the last one ended."""
         if self._shared is None or self._shared.error is not None:
-            call = self.stub.GenerateMany(metadata=self._metadata)  # lives with the gateway
-            self._shared = SharedStream(call, self.on_read)
+            assert self._stream_thread is not None, "VerifierClient.start() was not awaited"
+            self._shared = SharedStream(self._stream_thread, self._metadata, self.on_read)
         return self._shared
 
     async def _generate_shared(

@@ -896,6 +896,47 @@ PY
   pack_all $1
   mark done
   ;;
+144)
+  # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve`, the services' GIL
+  # switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (143 ran at 5 ms)
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _144 || exit 3
+  for run in tree:16:8 auto:16:8 ar:1:8; do
+    IFS=: read -r mode budget c <<< "$run"
+    mark "$mode@$budget c$c through serve"
+    bench_url $mode $budget $c "$OUT/report_${mode}_c${c}.json"
+  done
+  kill $S; wait $S 2>/dev/null
+  (cd "$OUT" && gzip -f report_*.json serve_144.log)
+  pack_all $1
+  mark done
+  ;;
+143)
+  # (after 0-3, carry .carry/g4) the shared stream read on a thread of its own (call 142:
+  # the verifier's messages reached the gateway's loop 26-83 ms after it built them, ar c8
+  # through serve 5,649-7,077 tok/s): `ddtree serve` (auto, --max-budget 16), ar / tree@16
+  # / auto at c8 and ar again, then tree@16 c1, each with the read / hop / delivery sums
+  # after it; then the same 160 requests in process (ar, tree@16, auto at c1 and c8)
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _143 || exit 3
+  for run in ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:1; do
+    IFS=: read -r mode budget c <<< "$run"
+    mark "$mode@$budget c$c through serve"
+    cpu_snapshot > /tmp/cpu_before
+    bench_url $mode $budget $c "$OUT/report_${mode}_c${c}_$(date +%s).json"
+    cpu_snapshot | paste /tmp/cpu_before - | awk '{printf "%s cpu %.2f s, ", $1, ($4 - $2) / 100} END {print ""}'
+    curl -s http://127.0.0.1:8000/metrics \
+      | grep -E "^ddtree:(verifier_read|verifier_hop|delivery)_seconds_(sum|count)" \
+      | awk '{split($1, a, "{"); v[a[1]] = $2} END {for (k in v) if (k ~ /_count/) {b = k; sub(/_count/, "", b); printf "%s %d x %.2f ms (cumulative)\n", b, v[k], 1000 * v[b "_sum"] / v[k]}}'
+  done
+  kill $S; wait $S 2>/dev/null
+  mark "ar / tree@16 / auto in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree,auto 16 "$OUT/report_inprocess.json"
+  python3 scripts/gpu/ar_mismatches.py "$OUT"/report_*.json | tail -6 | cut -c1-300
+  (cd "$OUT" && gzip -f report_*.json serve_143.log)
+  pack_all $1
+  mark done
+  ;;
 142)
   # (after 0-3, carry .carry/g4) whether the bench client holds ar at c8 through `ddtree
   # serve` (lease 40: 0.76x of in process with one or two gateway processes, the gateway

@@ -1,11 +1,12 @@
 """The gateway's verifier client over real gRPC: generations share one GenerateMany stream,
 a consumer that stops early aborts its generation on that stream (which stays open for the
-others), verifier errors keep their status, and the per-call path (`shared_stream` off)
-serves the same tokens."""
+others), verifier errors keep their status, the stream is read while the gateway's event
+loop is busy, and the per-call path (`shared_stream` off) serves the same tokens."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 
 import grpc
@@ -13,7 +14,7 @@ import pytest
 
 from ddtree.models.target import TargetModel
 from ddtree.v1 import common_pb2, verifier_pb2
-from gateway.verifier_client import VerifierClient
+from gateway.verifier_client import SharedStream, VerifierClient
 from tests.integration.conftest import Verifier, engine_idle, greedy_tokens, make_prompt
 
 AR = common_pb2.SpecParams(mode=common_pb2.MODE_AR)
@@ -92,3 +93,43 @@ def test_a_refused_generation_raises_its_status_and_others_run_on(
     code, details, tokens = asyncio.run(main())
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "out of" in details
     assert tokens == greedy_tokens(target, prompt, 5)
+
+
+def has_read_the_end(stream: SharedStream) -> bool:
+    """The stream's thread holds a finished update the gateway's loop has not taken yet."""
+    with stream._lock:
+        return any(update.response.finish_reason
+                   for response in stream._arrived for update in response.updates)
+
+
+def test_a_busy_gateway_loop_takes_every_message_that_came_meanwhile_at_once(
+        verifier: Verifier, target: TargetModel) -> None:
+    # ar: the verifier sends a message per round. The gateway's loop is blocked (busy with
+    # other streams) after the first batch until the stream's thread has read the last
+    # message; then one batch holds all of them (read on the loop, they stayed in gRPC's
+    # buffers and came one a turn)
+    prompt, max_tokens = make_prompt(target, 5, seed=79), 16
+
+    async def main() -> list[list[verifier_pb2.GenerateResponse]]:
+        client = VerifierClient(f"127.0.0.1:{verifier.port}")
+        await client.start()
+        try:
+            batches = []
+            async with aclosing(client.generate_batches(
+                    request("blocked", prompt, max_tokens))) as messages:
+                async for batch in messages:
+                    batches.append(batch)
+                    deadline = time.monotonic() + 60
+                    while (len(batches) == 1 and client._shared is not None
+                           and not has_read_the_end(client._shared)
+                           and time.monotonic() < deadline):
+                        time.sleep(0.005)  # blocks the loop: nothing runs on it
+            return batches
+        finally:
+            await client.close()
+
+    batches = asyncio.run(main())
+    assert [t for batch in batches for m in batch for t in m.token_ids] == greedy_tokens(
+        target, prompt, max_tokens)
+    assert len(batches) <= 2 and batches[-1][-1].finish_reason == "length"
+    assert sum(len(batch) for batch in batches) > 2  # the verifier sent several messages
