@@ -99,10 +99,14 @@ def configure_logging(level: str = "info") -> None:
 
 # The GIL switch interval of the service processes (seconds; Python's default is 0.005).
 # A thread that wakes from a blocking call (the engine thread when the drafter's trees
-# arrive, a stream's writer when a round's tokens do) waits for the GIL up to this long
-# while another thread runs Python: once per handoff, several times per round.
+# arrive, a stream's writer when a round's tokens do, the gateway's stream reader when a
+# message does) waits for the GIL up to this long while another thread runs Python: once
+# per handoff, several times per round. 0.5 ms since lease 41: on the H100's 16 cores, ar
+# at c8 through `ddtree serve` had the verifier's messages reach the gateway's loop 10-13
+# ms after they were built at 5 ms and ~2 ms at 0.5 ms (0.81-0.83x of in process -> 0.84-0.89x;
+# on a 2-core sandbox, where a process's threads share one core, no difference).
 GIL_SWITCH_INTERVAL_ENV = "DDTREE_GIL_SWITCH_INTERVAL_S"
-DEFAULT_GIL_SWITCH_INTERVAL_S = 0.005
+DEFAULT_GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def configure_threads(environ: Mapping[str, str]) -> float:
