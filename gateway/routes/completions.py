@@ -15,7 +15,7 @@ router = APIRouter()
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = gateway_state(request)
-    plan = await state.off_loop(plan_completion, body, state.defaults, state.encoder,
-                                request_id(request))
+    plan = await state.plan(request, plan_completion, body, state.defaults, state.encoder,
+                            request_id(request))
     check_context_length(plan, await state.fetch_model_info())
     return await respond(state, plan, request)
