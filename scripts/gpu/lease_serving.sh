@@ -340,6 +340,19 @@ cpu_snapshot() {  # "name jiffies" for each process in $OUT/pids (user + system)
   awk '/^cpu /{print "machine", $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat
 }
 
+bench_url_timed() {  # mode budget concurrency report.json: bench_url, then the CPU each
+  # process in $OUT/pids and the machine used over the run, and the means of /metrics'
+  # verifier -> gateway timings and TTFT (cumulative since serve started; the scrape is kept
+  # in $OUT/metrics.txt)
+  cpu_snapshot > /tmp/cpu_before
+  bench_url "$@"
+  cpu_snapshot | paste /tmp/cpu_before - \
+    | awk '{printf "%s cpu %.2f s, ", $1, ($4 - $2) / 100} END {print ""}' | tee -a "$OUT/cpu.txt"
+  curl -s http://127.0.0.1:8000/metrics | tee -a "$OUT/metrics.txt" \
+    | grep -E "^ddtree:(verifier_read|verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)" \
+    | awk '{split($1, a, "{"); v[a[1]] = $2} END {for (k in v) if (k ~ /_count/) {b = k; sub(/_count/, "", b); printf "%s %d x %.2f ms (cumulative)\n", b, v[k], 1000 * v[b "_sum"] / v[k]}}'
+}
+
 spy_start() {  # rate tag svc...: py-spy on each service for SPY_SECONDS (8) s, SPY_DELAY
   # (4) s from now, idle threads too unless SPY_IDLE=0 (then a sample is CPU work: a bench
   # whose client takes its time to start is covered whole by a long recording), into
@@ -897,42 +910,30 @@ PY
   mark done
   ;;
 144)
-  # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve`, the services' GIL
-  # switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (143 ran at 5 ms)
-  [ -f $T/config.json ] || stage_target
-  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" start_serve _144 || exit 3
-  for run in tree:16:8 auto:16:8 ar:1:8; do
-    IFS=: read -r mode budget c <<< "$run"
-    mark "$mode@$budget c$c through serve"
-    bench_url $mode $budget $c "$OUT/report_${mode}_c${c}.json"
-  done
-  kill $S; wait $S 2>/dev/null
-  (cd "$OUT" && gzip -f report_*.json serve_144.log)
-  pack_all $1
-  mark done
+  # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve` alone, the services'
+  # GIL switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (lease 41: 0.0005)
+  SERVE_RUNS="tree:16:8 auto:16:8 ar:1:8" IN_PROCESS=0 exec bash "$0" 143
   ;;
 143)
   # (after 0-3, carry .carry/g4) the shared stream read on a thread of its own (call 142:
   # the verifier's messages reached the gateway's loop 26-83 ms after it built them, ar c8
   # through serve 5,649-7,077 tok/s): `ddtree serve` (auto, --max-budget 16), ar / tree@16
   # / auto at c8 and ar again, then tree@16 c1, each with the read / hop / delivery sums
-  # after it; then the same 160 requests in process (ar, tree@16, auto at c1 and c8)
+  # after it; then the same 160 requests in process (ar, tree@16, auto at c1 and c8) unless
+  # IN_PROCESS=0; SERVE_RUNS (mode:budget:concurrency ...) names other serve runs
   [ -f $T/config.json ] || stage_target
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _143 || exit 3
-  for run in ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:1; do
+  for run in ${SERVE_RUNS:-ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:1}; do
     IFS=: read -r mode budget c <<< "$run"
     mark "$mode@$budget c$c through serve"
-    cpu_snapshot > /tmp/cpu_before
-    bench_url $mode $budget $c "$OUT/report_${mode}_c${c}_$(date +%s).json"
-    cpu_snapshot | paste /tmp/cpu_before - | awk '{printf "%s cpu %.2f s, ", $1, ($4 - $2) / 100} END {print ""}'
-    curl -s http://127.0.0.1:8000/metrics \
-      | grep -E "^ddtree:(verifier_read|verifier_hop|delivery)_seconds_(sum|count)" \
-      | awk '{split($1, a, "{"); v[a[1]] = $2} END {for (k in v) if (k ~ /_count/) {b = k; sub(/_count/, "", b); printf "%s %d x %.2f ms (cumulative)\n", b, v[k], 1000 * v[b "_sum"] / v[k]}}'
+    bench_url_timed $mode $budget $c "$OUT/report_${mode}_c${c}_$(date +%s).json"
   done
   kill $S; wait $S 2>/dev/null
-  mark "ar / tree@16 / auto in process, 160 requests"
-  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree,auto 16 "$OUT/report_inprocess.json"
-  python3 scripts/gpu/ar_mismatches.py "$OUT"/report_*.json | tail -6 | cut -c1-300
+  if [ "${IN_PROCESS:-1}" = 1 ]; then
+    mark "ar / tree@16 / auto in process, 160 requests"
+    BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree,auto 16 "$OUT/report_inprocess.json"
+    python3 scripts/gpu/ar_mismatches.py "$OUT"/report_*.json | tail -6 | cut -c1-300
+  fi
   (cd "$OUT" && gzip -f report_*.json serve_143.log)
   pack_all $1
   mark done
@@ -950,12 +951,7 @@ PY
   SERVE_ARGS="--mode ar --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _ar || exit 3
   for clients in 2 6 2; do
     mark "ar c8, $clients client processes"
-    cpu_snapshot > /tmp/cpu_before
-    CLIENTS=$clients bench_url ar 16 8 "$OUT/report_ar_clients$clients.json"
-    cpu_snapshot | paste /tmp/cpu_before - | awk '{printf "%s cpu %.2f s, ", $1, ($4 - $2) / 100} END {print ""}' \
-      | tee -a "$OUT/cpu_ar.txt"
-    curl -s http://127.0.0.1:8000/metrics | tee -a "$OUT/metrics_ar.txt" \
-      | grep -E "^ddtree:(verifier_read|verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)"
+    CLIENTS=$clients bench_url_timed ar 16 8 "$OUT/report_ar_clients$clients.json"
   done
   kill $S; wait $S 2>/dev/null
   gzip -f "$OUT/serve_ar.log"
