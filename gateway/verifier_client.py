@@ -67,9 +67,9 @@ class StreamThread:
     events: the reads fell behind and the backlog sat in gRPC's buffers, out of reach of
     the merging that lets a busy gateway catch up (lease 41, ar c8 through `ddtree serve`:
     messages reached the loop 26-83 ms, on average, after the verifier built them). Here
-    the reads keep pace on a loop
-    that does nothing else and hand the gateway's loop everything that arrived since its
-    last turn at once, so that each generation takes the waiting rounds as one event."""
+    the reads keep pace on a loop that does nothing else and hand the gateway's loop
+    everything that arrived since its last turn at once, so that each generation takes
+    the waiting rounds as one event."""
 
     def __init__(self, address: str, security: GrpcSecurity) -> None:
         self.loop = asyncio.new_event_loop()
