@@ -178,6 +178,10 @@ class Metrics:
                                   "From the verifier building a generation's message to its "
                                   "event written to the client (one host's wall clock).",
                                   _STAGE_BUCKETS)
+        # Their children, labelled once: observed per message and per event
+        self._read = self.read.labels(model_name)
+        self._hop = self.hop.labels(model_name)
+        self._delivery = self.delivery.labels(model_name)
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Completion tokens returned.")
         self.request_success = counter("request_success", "Finished choices (abort: the "
@@ -205,19 +209,20 @@ class Metrics:
     def observe_read(self, sent_unix_s: float) -> None:
         """A shared-stream message taken up by the event loop now (`sent_unix_s`: when
         the verifier built it; 0 from a verifier that does not say)."""
-        self._since(self.read, sent_unix_s)
+        self._since(self._read, sent_unix_s)
 
     def observe_hop(self, sent_unix_s: float) -> None:
         """A generation's message taken up by its consumer now."""
-        self._since(self.hop, sent_unix_s)
+        self._since(self._hop, sent_unix_s)
 
     def observe_delivery(self, sent_unix_s: float) -> None:
         """An event written to the client now, carrying a message built at `sent_unix_s`."""
-        self._since(self.delivery, sent_unix_s)
+        self._since(self._delivery, sent_unix_s)
 
-    def _since(self, histogram: Histogram, sent_unix_s: float) -> None:
+    @staticmethod
+    def _since(histogram: Histogram, sent_unix_s: float) -> None:
         if sent_unix_s > 0:
-            histogram.labels(self.model_name).observe(max(0.0, time.time() - sent_unix_s))
+            histogram.observe(max(0.0, time.time() - sent_unix_s))
 
     def observe_rejected(self, status: int) -> None:
         self.request_rejected.labels(self.model_name, str(status)).inc()

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+from profile_gateway import cpu_seconds, free_port, wait_healthy  # this script's folder
 
 DEMO_TARGET = Path.home() / ".cache" / "ddtree" / "smollm2-135m-instruct"
 TOKENS = list(range(300, 1300))  # ids that decode to text in the demo tokenizer
@@ -124,19 +125,6 @@ def serve_verifier(port: int, rate: float) -> None:
     server.wait_for_termination()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def timings(metrics: str) -> dict[str, tuple[int, float]]:
     """/metrics -> {name: (count, mean seconds)} for TIMINGS."""
     found: dict[str, float] = {}
@@ -191,16 +179,7 @@ def main(argv: list[str]) -> int:
                                            "while True: pass"]))
     url = f"http://127.0.0.1:{gateway_port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        else:
-            raise TimeoutError("the gateway did not become healthy (harness_gateway.log)")
+        wait_healthy(f"{url}/health", gateway)
         before = cpu_seconds(gateway.pid)
         bench = subprocess.run(
             pinned(others, [sys.executable, "-m", "ddtree.cli", "bench", "--url", url,
