@@ -19,10 +19,12 @@ recent value set).
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import (
@@ -52,6 +54,32 @@ _STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
                   0.25, 0.5, 1.0, 2.5)
 # The accept-length gauge averages over this many recent requests.
 NUM_RECENT_REQUESTS = 64
+
+
+def observe_many(child: Any, observations: list[tuple[float, int]]) -> None:
+    """Observes each (value, times) `times` times: as many `observe` calls would, but one
+    increment per bucket (a request's inter-token latencies are observed at its end, one
+    per token: 256 `observe` calls held the gateway's event loop ~0.2-0.5 ms, just when
+    the next request of a closed loop arrives). Falls back to `observe` on a histogram
+    child without prometheus_client's bucket attributes."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets, total = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for value, times in observations:
+            for _ in range(times):
+                child.observe(value)
+        return
+    counts = [0] * len(bounds)
+    amount = 0.0
+    for value, times in observations:
+        counts[bisect.bisect_left(bounds, value)] += times  # the first bound >= value
+        amount += value * times
+    if not any(counts):
+        return
+    total.inc(amount)
+    for i, count in enumerate(counts):
+        if count:
+            buckets[i].inc(count)
 
 
 def vllm_alias(metric: Metric) -> Metric:
@@ -178,7 +206,9 @@ class Metrics:
                                   "From the verifier building a generation's message to its "
                                   "event written to the client (one host's wall clock).",
                                   _STAGE_BUCKETS)
-        # Their children, labelled once: observed per message and per event
+        # Their children, labelled once: observed per message and per event (the
+        # inter-token latency per token, at the request's end)
+        self._itl = self.itl.labels(model_name)
         self._read = self.read.labels(model_name)
         self._hop = self.hop.labels(model_name)
         self._delivery = self.delivery.labels(model_name)
@@ -232,9 +262,9 @@ class Metrics:
         model = self.model_name
         if ttft_s is not None:
             self.ttft.labels(model).observe(ttft_s)
-        for seconds, num_tokens in gaps:
-            for _ in range(num_tokens):  # each token of a round waited its share
-                self.itl.labels(model).observe(seconds / num_tokens)
+        # Each token of a round waited its share.
+        observe_many(self._itl, [(seconds / num_tokens, num_tokens)
+                                 for seconds, num_tokens in gaps if num_tokens])
 
     def observe_choice(self, finish_reason: str, num_prompt_tokens: int,
                        num_completion_tokens: int, e2e_s: float) -> None:

@@ -3,11 +3,13 @@ generations the gateway ended itself, and vLLM / SGLang-style metric names."""
 
 from __future__ import annotations
 
+import pytest
+from prometheus_client import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddtree.v1 import common_pb2, verifier_pb2
 from gateway.generation import fallback_stats
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, observe_many
 from gateway.responses import stats_json
 
 
@@ -83,3 +85,30 @@ def test_latency_histograms_spread_a_round_over_its_tokens() -> None:
     assert values[("ddtree:time_to_first_token_seconds_count", ())] == 1
     assert values[("ddtree:inter_token_latency_seconds_count", ())] == 4
     assert abs(values[("ddtree:inter_token_latency_seconds_sum", ())] - 0.4) < 1e-9
+
+
+def test_observe_many_matches_one_observe_per_token() -> None:
+    # Values on bucket bounds, between them, past the last finite one, and zero.
+    observations = [(0.001, 2), (0.0011, 1), (0.0, 3), (0.04, 5), (700.0, 1), (0.3, 4),
+                    (0.0025, 0)]
+    bulk, one_by_one = Histogram("h", "h", registry=None), Histogram("h", "h", registry=None)
+    observe_many(bulk, observations)
+    for value, times in observations:
+        for _ in range(times):
+            one_by_one.observe(value)
+    got, want = bulk.collect()[0].samples, one_by_one.collect()[0].samples
+    exact = {"h_bucket", "h_count"}
+    assert [s for s in got if s.name in exact] == [s for s in want if s.name in exact]
+    assert [s.value for s in got if s.name == "h_sum"] == pytest.approx(
+        [s.value for s in want if s.name == "h_sum"])
+
+    class NoBuckets:  # a histogram child without prometheus_client's attributes
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def observe(self, value: float) -> None:
+            self.seen.append(value)
+
+    child = NoBuckets()
+    observe_many(child, [(0.5, 2), (0.1, 1)])
+    assert child.seen == [0.5, 0.5, 0.1]
