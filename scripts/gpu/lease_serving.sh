@@ -909,6 +909,13 @@ PY
   pack_all $1
   mark done
   ;;
+145)
+  # (after 0-3, carry .carry/g4) call 143 at this session's gateway (the first token's
+  # path without two task hops, the inter-token histogram in one increment per bucket;
+  # the services' GIL switch interval 0.5 ms by default), ar c8 also from 4 client
+  # processes and from 1 (is the client's share of TTFT its own loop?)
+  SERVE_RUNS="ar:1:8 tree:16:8 auto:16:8 ar:1:8:4 ar:1:8:1 tree:16:1" exec bash "$0" 143
+  ;;
 144)
   # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve` alone, the services'
   # GIL switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (lease 41: 0.0005)
@@ -920,13 +927,16 @@ PY
   # through serve 5,649-7,077 tok/s): `ddtree serve` (auto, --max-budget 16), ar / tree@16
   # / auto at c8 and ar again, then tree@16 c1, each with the read / hop / delivery sums
   # after it; then the same 160 requests in process (ar, tree@16, auto at c1 and c8) unless
-  # IN_PROCESS=0; SERVE_RUNS (mode:budget:concurrency ...) names other serve runs
+  # IN_PROCESS=0; SERVE_RUNS (mode:budget:concurrency[:client processes, else CLIENTS or
+  # 2] ...) names other serve runs
   [ -f $T/config.json ] || stage_target
   SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" start_serve _143 || exit 3
   for run in ${SERVE_RUNS:-ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:1}; do
-    IFS=: read -r mode budget c <<< "$run"
-    mark "$mode@$budget c$c through serve"
-    bench_url_timed $mode $budget $c "$OUT/report_${mode}_c${c}_$(date +%s).json"
+    IFS=: read -r mode budget c clients <<< "$run"
+    clients=${clients:-${CLIENTS:-2}}
+    mark "$mode@$budget c$c through serve, $clients client processes"
+    CLIENTS=$clients bench_url_timed $mode $budget $c \
+      "$OUT/report_${mode}_c${c}_k${clients}_$(date +%s).json"
   done
   kill $S; wait $S 2>/dev/null
   if [ "${IN_PROCESS:-1}" = 1 ]; then
