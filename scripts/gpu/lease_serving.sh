@@ -909,6 +909,28 @@ PY
   pack_all $1
   mark done
   ;;
+146)
+  # (after 0-3, carry .carry/g4) the services' GIL switch interval at GILS (0.5 / 0.2 /
+  # 0.1 ms; lease 41: 5 -> 0.5 ms took the shared stream's read lag from 10-13 to ~2 ms,
+  # about four waits of one interval on a message's way, and lease 42's call 145 left
+  # the gateway's TTFT window at 7.3 ms against 2.8 in process): `ddtree serve` restarted
+  # at each, ar c8 and tree@16 c8 through it; then the same 160 requests in process
+  [ -f $T/config.json ] || stage_target
+  for gil in ${GILS:-0.0005 0.0002 0.0001}; do
+    mark "serve at GIL switch interval $gil s"
+    DDTREE_GIL_SWITCH_INTERVAL_S=$gil \
+      SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 --pid-dir $OUT/pids" \
+      start_serve _gil$gil || exit 3
+    bench_url_timed ar 1 8 "$OUT/report_ar_c8_gil$gil.json"
+    bench_url_timed tree 16 8 "$OUT/report_tree_c8_gil$gil.json"
+    kill $S; wait $S 2>/dev/null
+  done
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  (cd "$OUT" && gzip -f report_*.json serve_gil*.log)
+  pack_all $1
+  mark done
+  ;;
 145)
   # (after 0-3, carry .carry/g4) call 143 at this session's gateway (the first token's
   # path without two task hops, the inter-token histogram in one increment per bucket;
