@@ -1,7 +1,8 @@
 """How many SSE events a second one `ddtree bench --url` client process can read: a
 uvicorn server streams OpenAI-style chunks as fast as it can; the client reads 16 requests,
-1, 4 and 8 at a time, with `OpenAITarget`'s reading loop (httpx). Prints events/s and the
-client's CPU per event (is the bench's client what bounds a point?).
+1, 4 and 8 at a time, with `OpenAITarget`'s reading loop (aiohttp; httpx before session
+34). Prints events/s and the client's CPU per event (is the bench's client what bounds a
+point?).
 
     PYTHONPATH=. python scripts/sse_client_capacity.py     # EVENTS=256 per request
     PACE_S=0.001 PYTHONPATH=. python scripts/sse_client_capacity.py   # one event a ms a stream
@@ -60,9 +61,9 @@ async def read(concurrency: int, requests: int) -> None:
     async def one() -> int:
         async with limit:
             sample = RequestSample(0, start=time.perf_counter())
-            async with target.client.stream("POST", "/v1/chat/completions",
-                                            json={"stream": True}) as reply:
-                await target._read_events(reply, sample, True)
+            async with target.session.post("/v1/chat/completions",
+                                           json={"stream": True}) as reply:
+                await target.read_events(reply, sample, True)
             return len(sample.chunk_times)
 
     before = resource.getrusage(resource.RUSAGE_SELF)

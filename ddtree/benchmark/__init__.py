@@ -3,7 +3,7 @@
     config.py        the grid (SpecPoint), load points (LoadPoint), request settings
     sample.py        one prompt, one measured request (the clock rules)
     target.py        what a target is (and a run's bounds, to size it); implemented by
-      openai_target.py   any OpenAI-compatible server (streaming, httpx)
+      openai_target.py   any OpenAI-compatible server (streaming, aiohttp)
       inprocess.py       the batched engine in this process, one per run
         engine_thread.py   the one thread that steps it
       hf_baseline.py     transformers' generate with a static cache

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("ddtree", "torch", "transformers", "triton", "httpx")
+PACKAGES = ("ddtree", "torch", "transformers", "triton", "aiohttp")
 
 
 def _version(package: str) -> str | None:

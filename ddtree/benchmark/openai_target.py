@@ -1,5 +1,10 @@
 """Any OpenAI-compatible server as a benchmark target: streaming `/v1/chat/completions`
-(or `/v1/completions` for raw prompts) with `stream_options.include_usage`, over httpx.
+(or `/v1/completions` for raw prompts) with `stream_options.include_usage`, over aiohttp
+(the client of vLLM's and SGLang's serving benchmarks). httpx, which this used before,
+cost the client 68-127 us a Server-Sent Event at one event a millisecond a stream (an
+anyio cancel scope and h11 in Python around every read; `scripts/sse_client_capacity.py`),
+so at 8 ar streams the client itself used ~0.7 of a core and its loop held first tokens
+back: a benchmark's client should not be what it measures.
 
 Against our gateway a `SpecPoint` other than `server` rides in the per-request `ddtree`
 extension (`{"mode", "budget", "max_topk"}`) and the usage chunk's `ddtree_stats` give the
@@ -13,12 +18,16 @@ import json
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from ddtree.benchmark.config import SERVER_MODE, TREE_MODES, RequestSettings, SpecPoint
 from ddtree.benchmark.sample import BenchPrompt, RequestSample
 from ddtree.benchmark.target import RunBounds
 from ddtree.errors import InvalidArgumentError
+
+# An event's line may be this long (a chunk with many top logprobs); aiohttp's default
+# buffer refuses lines past 128 KiB.
+READ_BUFFER_BYTES = 1 << 22
 
 
 def request_body(model: str, prompt: BenchPrompt, spec: SpecPoint, settings: RequestSettings,
@@ -87,21 +96,31 @@ class OpenAITarget:
         self.name = name
         self.base_url = url.rstrip("/").removesuffix("/v1")
         self.api_key, self.timeout_s = api_key, timeout_s
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None  # made in the loop that uses it
         self.model = model
         self.extra_body = extra_body or {}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The HTTP session (keep-alive connections, no limit on their number), made on
+        first use in the running event loop."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                self.base_url, headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=0), read_bufsize=READ_BUFFER_BYTES)
+        return self._session
 
     async def start(self) -> None:
         """Checks the server answers and picks its first model when none was named."""
         try:
-            reply = await self.client.get("/v1/models")
-            reply.raise_for_status()
-        except httpx.HTTPError as exc:
+            async with self.session.get("/v1/models") as reply:
+                reply.raise_for_status()
+                listing = await reply.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise InvalidArgumentError(f"{self.base_url}/v1/models: {exc}") from exc
-        models = [m["id"] for m in reply.json().get("data", [])]
+        models = [m["id"] for m in listing.get("data", [])]
         if self.model is None:
             if not models:
                 raise InvalidArgumentError(f"{self.base_url} serves no model")
@@ -120,25 +139,26 @@ class OpenAITarget:
         body = request_body(self.model, prompt, spec, settings, self.extra_body)
         sample = RequestSample(prompt.index, start=time.perf_counter())
         try:
-            async with self.client.stream("POST", path, json=body) as reply:
-                if reply.status_code != 200:
-                    text = (await reply.aread()).decode(errors="replace")
-                    sample.error = f"HTTP {reply.status_code}: {text[:300]}"
+            async with self.session.post(path, json=body) as reply:
+                if reply.status != 200:
+                    text = (await reply.read()).decode(errors="replace")
+                    sample.error = f"HTTP {reply.status}: {text[:300]}"
                 else:
-                    await self._read_events(reply, sample, settings.is_chat)
-        except httpx.HTTPError as exc:
+                    await self.read_events(reply, sample, settings.is_chat)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             sample.error = f"{type(exc).__name__}: {exc}"
         sample.end = time.perf_counter()
         return sample
 
-    async def _read_events(self, reply: httpx.Response, sample: RequestSample,
-                           is_chat: bool) -> None:
+    async def read_events(self, reply: aiohttp.ClientResponse, sample: RequestSample,
+                          is_chat: bool) -> None:
+        """The stream's events into `sample`: its chunks' times and text, its usage."""
         parts = []
-        async for line in reply.aiter_lines():
-            if not line.startswith("data:"):
+        async for line in reply.content:  # one line a step (the SSE events' lines)
+            if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if data == "[DONE]":
+            if data == b"[DONE]":
                 break
             chunk = json.loads(data)
             if "error" in chunk:
@@ -154,4 +174,5 @@ class OpenAITarget:
             sample.error = "the server sent no usage (stream_options.include_usage)"
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()

