@@ -90,8 +90,9 @@ class SSEResponse(StreamingResponse):
                 group.start_soon(listen_then_stop)
                 await self.stream_response(send)
                 group.cancel_scope.cancel()
-        except OSError:
-            pass  # the client vanished mid-send: the same as a disconnect
+        except* OSError:
+            pass  # the client vanished mid-send: the same as a disconnect (the task
+            # group raises it in an ExceptionGroup)
         finally:
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
