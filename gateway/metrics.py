@@ -74,8 +74,6 @@ def observe_many(child: Any, observations: list[tuple[float, int]]) -> None:
     for value, times in observations:
         counts[bisect.bisect_left(bounds, value)] += times  # the first bound >= value
         amount += value * times
-    if not any(counts):
-        return
     total.inc(amount)
     for i, count in enumerate(counts):
         if count:
