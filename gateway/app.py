@@ -49,7 +49,8 @@ class RequestIdMiddleware:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         internal_id = uuid.uuid4().hex
         request_id = given if _REQUEST_ID.match(given) else internal_id
-        scope.setdefault("state", {}).update(request_id=request_id, internal_id=internal_id)
+        scope.setdefault("state", {}).update(request_id=request_id, internal_id=internal_id,
+                                             arrived_at=time.perf_counter())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

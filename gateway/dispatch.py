@@ -88,6 +88,9 @@ def _log(plan: Plan, results: Sequence[ChoiceResult], started_at: float) -> None
 
 async def respond(state: GatewayState, plan: Plan, request: Request) -> Response:
     started_at = time.perf_counter()
+    arrived_at = getattr(request.state, "arrived_at", None)
+    if arrived_at is not None:
+        state.metrics.observe_prepare(started_at - arrived_at)
     plan = replace(plan, client_request_id=str(request.state.request_id))
     runs = [
         ChoiceRun(i, r, state.client, state.encoder.tokenizer, plan.output, state.metrics,

@@ -104,9 +104,12 @@ class ChoiceRun:
             merges = self.output.granularity == "round" and self.output.merge_when_behind
             batches = (self.client.generate_batches(self.request) if merges
                        else _one_by_one(self.client.generate(self.request)))
+            started_unix_s = time.time()
             async with aclosing(batches):
                 async for batch in batches:
                     self.metrics.observe_hop(batch[0].sent_unix_s)
+                    if not self.is_admitted:
+                        self.metrics.observe_first(started_unix_s, batch[0])
                     deltas: list[ChoiceDelta] = []
                     for message in batch:
                         self.is_admitted = True

@@ -204,6 +204,18 @@ class Metrics:
                                   "From the verifier building a generation's message to its "
                                   "event written to the client (one host's wall clock).",
                                   _STAGE_BUCKETS)
+        # The first token's way, stage by stage (what TTFT is made of through the services)
+        self.prepare = histogram("request_prepare_seconds",
+                                 "From a request's arrival at the gateway to its generation's "
+                                 "start (body, validation, chat template, tokenization).",
+                                 _STAGE_BUCKETS)
+        self.start = histogram("verifier_start_seconds",
+                               "From the gateway starting a generation to the verifier reading "
+                               "its request (one host's wall clock).", _STAGE_BUCKETS)
+        self.first = histogram("verifier_first_token_seconds",
+                               "From the verifier reading a generation's request to building "
+                               "its first message (queue, admission, prefill).",
+                               _LATENCY_BUCKETS)
         # Their children, labelled once: observed per message and per event (the
         # inter-token latency per token, at the request's end)
         self._itl = self.itl.labels(model_name)
@@ -238,6 +250,20 @@ class Metrics:
         """A shared-stream message taken up by the event loop now (`sent_unix_s`: when
         the verifier built it; 0 from a verifier that does not say)."""
         self._since(self._read, sent_unix_s)
+
+    def observe_prepare(self, seconds: float) -> None:
+        self.prepare.labels(self.model_name).observe(seconds)
+
+    def observe_first(self, started_unix_s: float, message: verifier_pb2.GenerateResponse,
+                      ) -> None:
+        """A generation's first message, taken up now: the way in (from `started_unix_s`,
+        when the gateway started it) and the verifier's own time to the first message."""
+        received = message.received_unix_s
+        if received > 0:
+            self.start.labels(self.model_name).observe(max(0.0, received - started_unix_s))
+            if message.sent_unix_s > 0:
+                self.first.labels(self.model_name).observe(
+                    max(0.0, message.sent_unix_s - received))
 
     def observe_hop(self, sent_unix_s: float) -> None:
         """A generation's message taken up by its consumer now."""

@@ -178,6 +178,31 @@ class SharedStream:
             raise self.error or status_error(grpc.StatusCode.UNAVAILABLE,
                                              "the verifier stream has ended") from exc
 
+    def start(self, message: verifier_pb2.GenerateManyRequest,
+              queue: asyncio.Queue[Update]) -> None:
+        """Writes a generation's start without waiting for the write: its first message
+        may come back before gRPC confirms the write (on the CPU harness the confirmation
+        took 2.3 ms on average, the first message ~1.4). A failed write reaches `queue` as
+        the error it raised. Writes go out in the order they were made (one loop, one lock),
+        so an abort made after the start follows it."""
+        if self.error is not None:
+            raise self.error
+        written = self.thread.run(self._write(message))
+
+        def on_written(future: concurrent.futures.Future[None]) -> None:  # stream's thread
+            if future.cancelled():
+                return
+            exc = future.exception()
+            if exc is None:
+                return
+            error = exc if isinstance(exc, grpc.aio.AioRpcError) else (
+                self.error or status_error(grpc.StatusCode.UNAVAILABLE,
+                                           "the verifier stream has ended"))
+            with contextlib.suppress(RuntimeError):  # the gateway's loop is gone
+                self._loop.call_soon_threadsafe(queue.put_nowait, error)
+
+        written.add_done_callback(on_written)
+
     async def close(self) -> None:
         self.thread.loop.call_soon_threadsafe(self._cancel)
         await asyncio.wrap_future(self._reader)  # `_end` ran: it was sent first
@@ -323,7 +348,7 @@ class VerifierClient:
                 stream, queue = self._stream(), asyncio.Queue[Update]()
                 stream.queues[request.request_id] = queue
                 try:
-                    await stream.send(verifier_pb2.GenerateManyRequest(start=request))
+                    stream.start(verifier_pb2.GenerateManyRequest(start=request), queue)
                     first = await self._next(queue, deadline)
                 except grpc.aio.AioRpcError as exc:
                     stream.queues.pop(request.request_id, None)

@@ -34,7 +34,8 @@ from profile_gateway import cpu_seconds, free_port, wait_healthy  # this script'
 
 DEMO_TARGET = Path.home() / ".cache" / "ddtree" / "smollm2-135m-instruct"
 TOKENS = list(range(300, 1300))  # ids that decode to text in the demo tokenizer
-TIMINGS = ("verifier_read", "verifier_hop", "delivery", "time_to_first_token")
+TIMINGS = ("request_prepare", "verifier_start", "verifier_first_token", "verifier_read",
+           "verifier_hop", "delivery", "time_to_first_token")
 
 
 def serve_verifier(port: int, rate: float) -> None:

@@ -25,8 +25,8 @@ from verifier_svc.status import status_of
 
 log = structlog.get_logger("verifier_svc")
 
-Respond = Callable[[list[RoundResult], GenerationStats | None, verifier_pb2.GenerateResponse],
-                  verifier_pb2.GenerateResponse]
+Respond = Callable[[list[RoundResult], GenerationStats | None, verifier_pb2.GenerateResponse,
+                   float], verifier_pb2.GenerateResponse]
 Convert = Callable[[verifier_pb2.GenerateRequest], GenerationRequest]
 
 
@@ -145,7 +145,10 @@ class ManyStream:
         if not results:
             return
         update = response.updates.add(request_id=request_id)
-        self.respond(results, results[-1].stats, update.response)
+        with self._lock:
+            generation = self._live.get(request_id)
+        received = generation.received_unix_s if generation is not None else 0.0
+        self.respond(results, results[-1].stats, update.response, received)
         if results[-1].finished:
             self._ended(request_id, update.response.finish_reason, "OK")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -91,6 +92,8 @@ class Generation:
     out: queue.Queue[Item] = field(default_factory=queue.Queue)
     stats: GenerationStats | None = None  # set with the first result
     outbox: Outbox | None = None  # GenerateMany: results go to the stream's outbox instead
+    # When the verifier read the request (wall clock): every message of it carries this.
+    received_unix_s: float = field(default_factory=time.time)
 
     def put(self, item: Item, flush: bool = True) -> Outbox | None:
         """Hands over a result or the error that ends it; -> the outbox to flush later

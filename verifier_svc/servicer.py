@@ -61,7 +61,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         )
         finish_reason = ""
         for results in generation.results(context.is_active):
-            response = self._response(results, generation.stats)
+            response = self._response(results, generation.stats,
+                                      received_unix_s=generation.received_unix_s)
             finish_reason = response.finish_reason
             yield response
         log.info("generate_finished", request_id=request_id, finish_reason=finish_reason,
@@ -95,10 +96,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     @staticmethod
     def _response(
         results: list[RoundResult], stats: GenerationStats | None,
-        response: verifier_pb2.GenerateResponse | None = None,
+        response: verifier_pb2.GenerateResponse | None = None, received_unix_s: float = 0.0,
     ) -> verifier_pb2.GenerateResponse:
         """One message for consecutive rounds of one generation (filled in `response`
-        when given: GenerateMany's update holds it)."""
+        when given: GenerateMany's update holds it); `received_unix_s`: when the verifier
+        read the generation's request."""
         last = results[-1]
         if response is None:
             response = verifier_pb2.GenerateResponse()
@@ -114,6 +116,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 response.prompt_logprobs.extend(codec.logprobs_to_proto(result.prompt_logprobs))
         if last.finished and stats is not None:
             response.stats.CopyFrom(codec.stats_to_proto(stats))
+        response.received_unix_s = received_unix_s
         response.sent_unix_s = time.time()
         return response
 

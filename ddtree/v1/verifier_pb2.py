@@ -26,7 +26,7 @@ from ddtree.v1 import common_pb2 as ddtree_dot_v1_dot_common__pb2
 from ddtree.v1 import tensor_pb2 as ddtree_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x64tree/v1/verifier.proto\x12\tddtree.v1\x1a\x16\x64\x64tree/v1/common.proto\x1a\x16\x64\x64tree/v1/tensor.proto\"\x8c\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.ddtree.v1.SamplingParams\x12#\n\x04spec\x18\x05 \x01(\x0b\x32\x15.ddtree.v1.SpecParams\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\x05\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12\x17\n\x0fprompt_logprobs\x18\n \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.ddtree.v1.TopLogprob\"\x92\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12)\n\x08logprobs\x18\x02 \x03(\x0b\x32\x17.ddtree.v1.TokenLogprob\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12#\n\x05stats\x18\x04 \x01(\x0b\x32\x14.ddtree.v1.SpecStats\x12\x1a\n\x12\x61\x63\x63\x65ptance_lengths\x18\x08 \x03(\x05\x12\x15\n\rdrafted_nodes\x18\t \x03(\x05\x12\x30\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x17.ddtree.v1.TokenLogprob\x12\x13\n\x0bsent_unix_s\x18\n \x01(\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"[\n\x13GenerateManyRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.ddtree.v1.GenerateRequestH\x00\x12\x0f\n\x05\x61\x62ort\x18\x02 \x01(\tH\x00\x42\x06\n\x04kind\"\x80\x01\n\x10GenerationUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.ddtree.v1.GenerateResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\"D\n\x14GenerateManyResponse\x12,\n\x07updates\x18\x01 \x03(\x0b\x32\x1b.ddtree.v1.GenerationUpdate\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x12\n\x10ModelInfoRequest\"\xea\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x14\n\x0c\x64\x65\x66\x61ult_mode\x18\x05 \x01(\t\x12\x16\n\x0e\x64\x65\x66\x61ult_budget\x18\x06 \x01(\x05\x12\x18\n\x10\x64\x65\x66\x61ult_max_topk\x18\x07 \x01(\x05\x12\x19\n\x11\x64rafter_connected\x18\x08 \x01(\x08\x12\x12\n\nmax_budget\x18\t \x01(\x05\x12\x12\n\nblock_size\x18\n \x01(\x05\"n\n\x12OpenSessionRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.ddtree.v1.SamplingParams\x12\x17\n\x0freturn_features\x18\x03 \x01(\x08\"z\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62onus_token\x18\x02 \x01(\x05\x12\x15\n\rcommitted_len\x18\x03 \x01(\x03\x12#\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0b\x32\x11.ddtree.v1.Tensor\"w\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x04tree\x18\x02 \x01(\x0b\x32\x14.ddtree.v1.DraftTree\x12\x17\n\x0freturn_features\x18\x03 \x01(\x08\x12\x15\n\rcommitted_len\x18\x04 \x01(\x03\"\x92\x01\n\x0eVerifyResponse\x12\x15\n\raccepted_path\x18\x01 \x03(\x05\x12\x18\n\x10\x63ommitted_tokens\x18\x02 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x03 \x01(\x05\x12\x15\n\rcommitted_len\x18\x04 \x01(\x03\x12#\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0b\x32\x11.ddtree.v1.Tensor\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x14\x43loseSessionResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\x90\x02\n\x0b\x45ngineStats\x12\x13\n\x0bnum_running\x18\x01 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x19\n\x11num_open_sessions\x18\x03 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\x05\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x12\n\nnum_rounds\x18\x06 \x01(\x03\x12\x1b\n\x13num_target_forwards\x18\x07 \x01(\x03\x12\x1c\n\x14\x62\x61tch_size_histogram\x18\x08 \x03(\x03\x12\x1c\n\x14num_expired_sessions\x18\t \x01(\x03\x12\x14\n\x0cnum_rejected\x18\n \x01(\x03\x12\x11\n\tmax_queue\x18\x0b \x01(\x05\x32\xc0\x04\n\x08Verifier\x12\x45\n\x08Generate\x12\x1a.ddtree.v1.GenerateRequest\x1a\x1b.ddtree.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1e.ddtree.v1.GenerateManyRequest\x1a\x1f.ddtree.v1.GenerateManyResponse(\x01\x30\x01\x12:\n\x05\x41\x62ort\x12\x17.ddtree.v1.AbortRequest\x1a\x18.ddtree.v1.AbortResponse\x12\x41\n\x0cGetModelInfo\x12\x1b.ddtree.v1.ModelInfoRequest\x1a\x14.ddtree.v1.ModelInfo\x12L\n\x0bOpenSession\x12\x1d.ddtree.v1.OpenSessionRequest\x1a\x1e.ddtree.v1.OpenSessionResponse\x12=\n\x06Verify\x12\x18.ddtree.v1.VerifyRequest\x1a\x19.ddtree.v1.VerifyResponse\x12O\n\x0c\x43loseSession\x12\x1e.ddtree.v1.CloseSessionRequest\x1a\x1f.ddtree.v1.CloseSessionResponse\x12;\n\x08GetStats\x12\x17.ddtree.v1.StatsRequest\x1a\x16.ddtree.v1.EngineStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x64tree/v1/verifier.proto\x12\tddtree.v1\x1a\x16\x64\x64tree/v1/common.proto\x1a\x16\x64\x64tree/v1/tensor.proto\"\x8c\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.ddtree.v1.SamplingParams\x12#\n\x04spec\x18\x05 \x01(\x0b\x32\x15.ddtree.v1.SpecParams\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\x05\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12\x17\n\x0fprompt_logprobs\x18\n \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.ddtree.v1.TopLogprob\"\xab\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12)\n\x08logprobs\x18\x02 \x03(\x0b\x32\x17.ddtree.v1.TokenLogprob\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12#\n\x05stats\x18\x04 \x01(\x0b\x32\x14.ddtree.v1.SpecStats\x12\x1a\n\x12\x61\x63\x63\x65ptance_lengths\x18\x08 \x03(\x05\x12\x15\n\rdrafted_nodes\x18\t \x03(\x05\x12\x30\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x17.ddtree.v1.TokenLogprob\x12\x13\n\x0bsent_unix_s\x18\n \x01(\x01\x12\x17\n\x0freceived_unix_s\x18\x0b \x01(\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"[\n\x13GenerateManyRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.ddtree.v1.GenerateRequestH\x00\x12\x0f\n\x05\x61\x62ort\x18\x02 \x01(\tH\x00\x42\x06\n\x04kind\"\x80\x01\n\x10GenerationUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.ddtree.v1.GenerateResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\"D\n\x14GenerateManyResponse\x12,\n\x07updates\x18\x01 \x03(\x0b\x32\x1b.ddtree.v1.GenerationUpdate\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x12\n\x10ModelInfoRequest\"\xea\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x14\n\x0c\x64\x65\x66\x61ult_mode\x18\x05 \x01(\t\x12\x16\n\x0e\x64\x65\x66\x61ult_budget\x18\x06 \x01(\x05\x12\x18\n\x10\x64\x65\x66\x61ult_max_topk\x18\x07 \x01(\x05\x12\x19\n\x11\x64rafter_connected\x18\x08 \x01(\x08\x12\x12\n\nmax_budget\x18\t \x01(\x05\x12\x12\n\nblock_size\x18\n \x01(\x05\"n\n\x12OpenSessionRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.ddtree.v1.SamplingParams\x12\x17\n\x0freturn_features\x18\x03 \x01(\x08\"z\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62onus_token\x18\x02 \x01(\x05\x12\x15\n\rcommitted_len\x18\x03 \x01(\x03\x12#\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0b\x32\x11.ddtree.v1.Tensor\"w\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x04tree\x18\x02 \x01(\x0b\x32\x14.ddtree.v1.DraftTree\x12\x17\n\x0freturn_features\x18\x03 \x01(\x08\x12\x15\n\rcommitted_len\x18\x04 \x01(\x03\"\x92\x01\n\x0eVerifyResponse\x12\x15\n\raccepted_path\x18\x01 \x03(\x05\x12\x18\n\x10\x63ommitted_tokens\x18\x02 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x03 \x01(\x05\x12\x15\n\rcommitted_len\x18\x04 \x01(\x03\x12#\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0b\x32\x11.ddtree.v1.Tensor\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x14\x43loseSessionResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\x90\x02\n\x0b\x45ngineStats\x12\x13\n\x0bnum_running\x18\x01 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x19\n\x11num_open_sessions\x18\x03 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\x05\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x12\n\nnum_rounds\x18\x06 \x01(\x03\x12\x1b\n\x13num_target_forwards\x18\x07 \x01(\x03\x12\x1c\n\x14\x62\x61tch_size_histogram\x18\x08 \x03(\x03\x12\x1c\n\x14num_expired_sessions\x18\t \x01(\x03\x12\x14\n\x0cnum_rejected\x18\n \x01(\x03\x12\x11\n\tmax_queue\x18\x0b \x01(\x05\x32\xc0\x04\n\x08Verifier\x12\x45\n\x08Generate\x12\x1a.ddtree.v1.GenerateRequest\x1a\x1b.ddtree.v1.GenerateResponse0\x01\x12S\n\x0cGenerateMany\x12\x1e.ddtree.v1.GenerateManyRequest\x1a\x1f.ddtree.v1.GenerateManyResponse(\x01\x30\x01\x12:\n\x05\x41\x62ort\x12\x17.ddtree.v1.AbortRequest\x1a\x18.ddtree.v1.AbortResponse\x12\x41\n\x0cGetModelInfo\x12\x1b.ddtree.v1.ModelInfoRequest\x1a\x14.ddtree.v1.ModelInfo\x12L\n\x0bOpenSession\x12\x1d.ddtree.v1.OpenSessionRequest\x1a\x1e.ddtree.v1.OpenSessionResponse\x12=\n\x06Verify\x12\x18.ddtree.v1.VerifyRequest\x1a\x19.ddtree.v1.VerifyResponse\x12O\n\x0c\x43loseSession\x12\x1e.ddtree.v1.CloseSessionRequest\x1a\x1f.ddtree.v1.CloseSessionResponse\x12;\n\x08GetStats\x12\x17.ddtree.v1.StatsRequest\x1a\x16.ddtree.v1.EngineStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,37 +40,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENLOGPROB']._serialized_start=407
   _globals['_TOKENLOGPROB']._serialized_end=492
   _globals['_GENERATERESPONSE']._serialized_start=495
-  _globals['_GENERATERESPONSE']._serialized_end=769
-  _globals['_GENERATEMANYREQUEST']._serialized_start=771
-  _globals['_GENERATEMANYREQUEST']._serialized_end=862
-  _globals['_GENERATIONUPDATE']._serialized_start=865
-  _globals['_GENERATIONUPDATE']._serialized_end=993
-  _globals['_GENERATEMANYRESPONSE']._serialized_start=995
-  _globals['_GENERATEMANYRESPONSE']._serialized_end=1063
-  _globals['_ABORTREQUEST']._serialized_start=1065
-  _globals['_ABORTREQUEST']._serialized_end=1099
-  _globals['_ABORTRESPONSE']._serialized_start=1101
-  _globals['_ABORTRESPONSE']._serialized_end=1131
-  _globals['_MODELINFOREQUEST']._serialized_start=1133
-  _globals['_MODELINFOREQUEST']._serialized_end=1151
-  _globals['_MODELINFO']._serialized_start=1154
-  _globals['_MODELINFO']._serialized_end=1388
-  _globals['_OPENSESSIONREQUEST']._serialized_start=1390
-  _globals['_OPENSESSIONREQUEST']._serialized_end=1500
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=1502
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=1624
-  _globals['_VERIFYREQUEST']._serialized_start=1626
-  _globals['_VERIFYREQUEST']._serialized_end=1745
-  _globals['_VERIFYRESPONSE']._serialized_start=1748
-  _globals['_VERIFYRESPONSE']._serialized_end=1894
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1896
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1937
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1939
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1976
-  _globals['_STATSREQUEST']._serialized_start=1978
-  _globals['_STATSREQUEST']._serialized_end=1992
-  _globals['_ENGINESTATS']._serialized_start=1995
-  _globals['_ENGINESTATS']._serialized_end=2267
-  _globals['_VERIFIER']._serialized_start=2270
-  _globals['_VERIFIER']._serialized_end=2846
+  _globals['_GENERATERESPONSE']._serialized_end=794
+  _globals['_GENERATEMANYREQUEST']._serialized_start=796
+  _globals['_GENERATEMANYREQUEST']._serialized_end=887
+  _globals['_GENERATIONUPDATE']._serialized_start=890
+  _globals['_GENERATIONUPDATE']._serialized_end=1018
+  _globals['_GENERATEMANYRESPONSE']._serialized_start=1020
+  _globals['_GENERATEMANYRESPONSE']._serialized_end=1088
+  _globals['_ABORTREQUEST']._serialized_start=1090
+  _globals['_ABORTREQUEST']._serialized_end=1124
+  _globals['_ABORTRESPONSE']._serialized_start=1126
+  _globals['_ABORTRESPONSE']._serialized_end=1156
+  _globals['_MODELINFOREQUEST']._serialized_start=1158
+  _globals['_MODELINFOREQUEST']._serialized_end=1176
+  _globals['_MODELINFO']._serialized_start=1179
+  _globals['_MODELINFO']._serialized_end=1413
+  _globals['_OPENSESSIONREQUEST']._serialized_start=1415
+  _globals['_OPENSESSIONREQUEST']._serialized_end=1525
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=1527
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=1649
+  _globals['_VERIFYREQUEST']._serialized_start=1651
+  _globals['_VERIFYREQUEST']._serialized_end=1770
+  _globals['_VERIFYRESPONSE']._serialized_start=1773
+  _globals['_VERIFYRESPONSE']._serialized_end=1919
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1921
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1962
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1964
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2001
+  _globals['_STATSREQUEST']._serialized_start=2003
+  _globals['_STATSREQUEST']._serialized_end=2017
+  _globals['_ENGINESTATS']._serialized_start=2020
+  _globals['_ENGINESTATS']._serialized_end=2292
+  _globals['_VERIFIER']._serialized_start=2295
+  _globals['_VERIFIER']._serialized_end=2871
 # @@protoc_insertion_point(module_scope)

@@ -51,7 +51,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "stats", "acceptance_lengths", "drafted_nodes", "prompt_logprobs", "sent_unix_s")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "stats", "acceptance_lengths", "drafted_nodes", "prompt_logprobs", "sent_unix_s", "received_unix_s")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class GenerateResponse(_message.Message):
     DRAFTED_NODES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     finish_reason: str
@@ -68,7 +69,8 @@ class GenerateResponse(_message.Message):
     drafted_nodes: _containers.RepeatedScalarFieldContainer[int]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     sent_unix_s: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[_common_pb2.SpecStats, _Mapping]] = ..., acceptance_lengths: _Optional[_Iterable[int]] = ..., drafted_nodes: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., sent_unix_s: _Optional[float] = ...) -> None: ...
+    received_unix_s: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[_common_pb2.SpecStats, _Mapping]] = ..., acceptance_lengths: _Optional[_Iterable[int]] = ..., drafted_nodes: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., sent_unix_s: _Optional[float] = ..., received_unix_s: _Optional[float] = ...) -> None: ...
 
 class GenerateManyRequest(_message.Message):
     __slots__ = ("start", "abort")

@@ -348,11 +348,22 @@ bench_url_timed() {  # mode budget concurrency report.json: bench_url, then the 
   # verifier -> gateway timings and TTFT (cumulative since serve started; the scrape is kept
   # in $OUT/metrics.txt)
   cpu_snapshot > /tmp/cpu_before
+  python3 scripts/gpu/thread_cpu.py snap "$OUT"/pids/*.pid > /tmp/threads_before.json
+  local svc
+  for svc in verifier gateway; do  # the threads' names by id (threads.txt has only ids)
+    [ -x /tmp/site/bin/py-spy ] && timeout 20 /tmp/site/bin/py-spy dump --nonblocking \
+      --pid "$(cat "$OUT/pids/$svc.pid")" >> "$OUT/dump_$svc.txt" 2>&1
+  done
+  local began=$(date +%s.%N)
   bench_url "$@"
   cpu_snapshot | paste /tmp/cpu_before - \
     | awk '{printf "%s cpu %.2f s, ", $1, ($4 - $2) / 100} END {print ""}' | tee -a "$OUT/cpu.txt"
+  python3 scripts/gpu/thread_cpu.py snap "$OUT"/pids/*.pid > /tmp/threads_after.json
+  echo "== $4" >> "$OUT/threads.txt"
+  python3 scripts/gpu/thread_cpu.py diff /tmp/threads_before.json /tmp/threads_after.json \
+    "$(python3 -c "import time; print(time.time() - $began)")" "$OUT"/dump_*.txt | tee -a "$OUT/threads.txt" | cut -c1-400
   curl -s http://127.0.0.1:8000/metrics | tee -a "$OUT/metrics.txt" \
-    | grep -E "^ddtree:(verifier_read|verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)" \
+    | grep -E "^ddtree:(request_prepare|verifier_start|verifier_first_token|verifier_read|verifier_hop|delivery|time_to_first_token)_seconds_(sum|count)" \
     | awk '{split($1, a, "{"); v[a[1]] = $2} END {for (k in v) if (k ~ /_count/) {b = k; sub(/_count/, "", b); printf "%s %d x %.2f ms (cumulative)\n", b, v[k], 1000 * v[b "_sum"] / v[k]}}'
 }
 
@@ -940,6 +951,14 @@ PY
   # the services' GIL switch interval 0.5 ms by default), ar c8 also from 4 client
   # processes and from 1 (is the client's share of TTFT its own loop?)
   SERVE_RUNS="ar:1:8 tree:16:8 auto:16:8 ar:1:8:4 ar:1:8:1 tree:16:1" exec bash "$0" 143
+  ;;
+147)
+  # (after 0-3, g3b, g3c, carry .carry/g4) the first token's way stage by stage (the
+  # gateway's new request_prepare / verifier_start / verifier_first_token timings beside
+  # TTFT and the read lag), each service's CPU per thread (threads.txt, named by py-spy
+  # dumps), the bench client on aiohttp, a generation's start written without waiting for
+  # gRPC's confirmation: ar / tree@16 / auto c8 twice, tree@16 c1, then in process
+  SERVE_RUNS="ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:8 tree:16:1" exec bash "$0" 143
   ;;
 144)
   # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve` alone, the services'

@@ -91,6 +91,11 @@ def test_metrics_carry_vllm_names_and_the_engines_gauges(gateway: str) -> None:
     assert count(text, "verifier_read_seconds") >= count(before, "verifier_read_seconds") + 2
     assert count(text, "verifier_hop_seconds") >= count(before, "verifier_hop_seconds") + 2
     assert count(text, "delivery_seconds") >= count(before, "delivery_seconds") + len(events)
+    # the first token's way, stage by stage: once per request each (the verifier says when
+    # it read the request on every message)
+    for stage in ("request_prepare_seconds", "verifier_start_seconds",
+                  "verifier_first_token_seconds"):
+        assert count(text, stage) == count(before, stage) + 2, stage
 
 
 def test_metrics_answer_quickly_without_a_verifier(tiny_pair: Path) -> None:

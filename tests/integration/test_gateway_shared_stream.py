@@ -133,3 +133,55 @@ def test_a_busy_gateway_loop_takes_every_message_that_came_meanwhile_at_once(
         target, prompt, max_tokens)
     assert len(batches) <= 2 and batches[-1][-1].finish_reason == "length"
     assert sum(len(batch) for batch in batches) > 2  # the verifier sent several messages
+
+
+def test_a_start_whose_write_fails_hands_the_error_to_its_queue() -> None:
+    """The start is written without waiting for gRPC's confirmation (its first message may
+    come back first); a write that fails must still reach the generation's queue (or, once
+    the stream is known dead, raise at once), never leave the generation waiting."""
+    from ddtree.service import GrpcSecurity
+    from gateway.verifier_client import StreamThread
+    from tests.integration.conftest import free_port
+
+    async def main() -> grpc.aio.AioRpcError | verifier_pb2.GenerationUpdate:
+        thread = await asyncio.to_thread(StreamThread, f"127.0.0.1:{free_port()}",
+                                         GrpcSecurity())  # nothing listens there
+        stream = SharedStream(thread, None)
+        queue: asyncio.Queue = asyncio.Queue()  # not among stream.queues: only the write
+        try:                                     # can put the error there
+            stream.start(verifier_pb2.GenerateManyRequest(start=request("x", [1, 2], 4)),
+                         queue)
+            return await asyncio.wait_for(queue.get(), timeout=20)
+        except grpc.aio.AioRpcError as exc:
+            return exc
+        finally:
+            await stream.close()
+            await thread.close()
+
+    error = asyncio.run(main())
+    assert isinstance(error, grpc.aio.AioRpcError)
+    assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+@pytest.mark.parametrize("shared_stream", [True, False])
+def test_every_message_says_when_the_verifier_read_the_request(
+        verifier: Verifier, target: TargetModel, shared_stream: bool) -> None:
+    """received_unix_s (the gateway's verifier_start / verifier_first_token timings): one
+    value for the whole generation, after the client started it, before each message."""
+    async def main() -> tuple[float, float, list[verifier_pb2.GenerateResponse]]:
+        client = VerifierClient(f"127.0.0.1:{verifier.port}", shared_stream=shared_stream)
+        await client.start()
+        try:
+            started = time.time()
+            async with aclosing(client.generate(request(f"read-{shared_stream}",
+                                                        make_prompt(target, 4, seed=9), 5))
+                                ) as messages:
+                read = [m async for m in messages]
+            return started, time.time(), read
+        finally:
+            await client.close()
+
+    started, ended, messages = asyncio.run(main())
+    assert len({m.received_unix_s for m in messages}) == 1
+    received = messages[0].received_unix_s
+    assert started <= received <= messages[0].sent_unix_s <= ended
