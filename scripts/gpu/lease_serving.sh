@@ -960,6 +960,31 @@ PY
   # gRPC's confirmation: ar / tree@16 / auto c8 twice, tree@16 c1, then in process
   SERVE_RUNS="ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:8 tree:16:1" exec bash "$0" 143
   ;;
+148)
+  # (after 0-3, g3b, g3c, carry .carry/g4) two gateway processes against one (call 147: the
+  # one gateway's event loop was ~88% busy over ar c8, 72% over tree@16 c8: its first tokens
+  # queue behind other streams' events): `ddtree serve --gateway-workers 2`, ar / tree@16 /
+  # auto c8 twice; then one worker, the same; then in process
+  [ -f $T/config.json ] || stage_target
+  for workers in 2 1; do
+    mark "serve with $workers gateway processes"
+    GATEWAY_WORKERS=$workers SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 \
+      --pid-dir $OUT/pids" start_serve _w$workers || exit 3
+    rm -f "$OUT"/dump_*.txt  # this serve's threads
+    for run in ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:8; do
+      IFS=: read -r mode budget c <<< "$run"
+      mark "$mode@$budget c$c through serve ($workers gateway processes)"
+      bench_url_timed $mode $budget $c "$OUT/report_w${workers}_${mode}_c${c}_$(date +%s).json"
+    done
+    kill $S; wait $S 2>/dev/null
+    (cd "$OUT" && mkdir -p "w$workers" && mv metrics.txt threads.txt cpu.txt dump_*.txt \
+      "w$workers/" 2>/dev/null; gzip -f serve_w$workers.log)
+  done
+  mark "ar / tree@16 / auto in process, 160 requests"
+  BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree,auto 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
 144)
   # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve` alone, the services'
   # GIL switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (lease 41: 0.0005)
