@@ -46,6 +46,10 @@ class VerifierServiceConfig:
     # shared draft link: the draft half runs there over this process's tables, nothing
     # but 9 bytes through the socket a round); off or unavailable: the Draft stream.
     drafter_shared: bool = True
+    # A round's results go to the streams' sender threads when the engine next waits for
+    # the device (after launching the next round), not as soon as they are read: the
+    # senders' GIL time then falls in that wait instead of in the next round's launch.
+    send_at_wait: bool = True
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
@@ -176,6 +180,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "round state with it over its Unix socket: the draft half "
                              "runs there without features or trees through the host (on "
                              "by default; falls back to the Draft stream)")
+    parser.add_argument("--send-at-wait", action=argparse.BooleanOptionalAction,
+                        default=get("SEND_AT_WAIT", "1") != "0",
+                        help="hand a round's results to the GenerateMany senders when the "
+                             "engine next waits for the GPU, so their GIL time overlaps "
+                             "that wait (off: as soon as they are read)")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

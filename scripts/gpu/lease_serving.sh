@@ -985,6 +985,31 @@ PY
   pack_all $1
   mark done
   ;;
+149)
+  # (after 0-3, g3b, g3c, carry .carry/g4) the verifier handing a step's results to the
+  # GenerateMany writer when the engine next waits on the GPU (--send-at-wait, the new
+  # default) against at once (call 147: the writer's ~150-200 us of CPU a message, ~1,200
+  # messages a second at ar c8, fell in the engine's launch; ar's per-token time through
+  # serve 0.849 ms against 0.811 in process): serve per setting, ar / tree@16 c8, ar again
+  [ -f $T/config.json ] || stage_target
+  for wait in 1 0; do
+    mark "serve, DDTREE_SEND_AT_WAIT=$wait"
+    DDTREE_SEND_AT_WAIT=$wait SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 \
+      --pid-dir $OUT/pids" start_serve _wait$wait || exit 3
+    rm -f "$OUT"/dump_*.txt
+    for run in ar:1:8 tree:16:8 ar:1:8; do
+      IFS=: read -r mode budget c <<< "$run"
+      mark "$mode@$budget c$c through serve (send at wait $wait)"
+      bench_url_timed $mode $budget $c "$OUT/report_wait${wait}_${mode}_c${c}_$(date +%s).json"
+    done
+    kill $S; wait $S 2>/dev/null
+    (cd "$OUT" && mkdir -p "wait$wait" && cat metrics.txt >> "wait$wait/metrics.txt" && cat threads.txt >> "wait$wait/threads.txt" && rm -f metrics.txt threads.txt cpu.txt dump_*.txt; gzip -f serve_wait$wait.log)
+  done
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=200 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
 144)
   # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve` alone, the services'
   # GIL switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (lease 41: 0.0005)

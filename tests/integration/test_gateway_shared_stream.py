@@ -185,3 +185,4 @@ def test_every_message_says_when_the_verifier_read_the_request(
     assert len({m.received_unix_s for m in messages}) == 1
     received = messages[0].received_unix_s
     assert started <= received <= messages[0].sent_unix_s <= ended
+
