@@ -49,7 +49,8 @@ class VerifierServiceConfig:
     # A round's results go to the streams' sender threads when the engine next waits for
     # the device (after launching the next round), not as soon as they are read: the
     # senders' GIL time then falls in that wait instead of in the next round's launch.
-    send_at_wait: bool = True
+    # Off until measured on the GPU (lease call 149; the lease that ran it was cut off).
+    send_at_wait: bool = False
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
@@ -181,10 +182,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "runs there without features or trees through the host (on "
                              "by default; falls back to the Draft stream)")
     parser.add_argument("--send-at-wait", action=argparse.BooleanOptionalAction,
-                        default=get("SEND_AT_WAIT", "1") != "0",
+                        default=get("SEND_AT_WAIT", "0") != "0",
                         help="hand a round's results to the GenerateMany senders when the "
-                             "engine next waits for the GPU, so their GIL time overlaps "
-                             "that wait (off: as soon as they are read)")
+                             "engine next waits for the GPU or the drafter, so their GIL "
+                             "time overlaps that wait (off, the default until measured: as "
+                             "soon as they are read)")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

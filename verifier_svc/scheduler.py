@@ -137,7 +137,7 @@ class Generation:
 
 class Scheduler:
     def __init__(self, engine: Engine, sessions: ClientSessions,
-                 session_idle_timeout_s: float, send_at_wait: bool = True) -> None:
+                 session_idle_timeout_s: float, send_at_wait: bool = False) -> None:
         self.engine = engine
         self.sessions = sessions
         self.session_idle_timeout_s = session_idle_timeout_s

@@ -987,8 +987,9 @@ PY
   ;;
 149)
   # (after 0-3, g3b, g3c, carry .carry/g4) the verifier handing a step's results to the
-  # GenerateMany writer when the engine next waits on the GPU (--send-at-wait, the new
-  # default) against at once (call 147: the writer's ~150-200 us of CPU a message, ~1,200
+  # GenerateMany writer when the engine next waits on the GPU (--send-at-wait, off by
+  # default until this call measures it; lease 43's third machine was taken back during
+  # it) against at once (call 147: the writer's ~150-200 us of CPU a message, ~1,200
   # messages a second at ar c8, fell in the engine's launch; ar's per-token time through
   # serve 0.849 ms against 0.811 in process): serve per setting, ar / tree@16 c8, ar again
   [ -f $T/config.json ] || stage_target
