@@ -367,6 +367,22 @@ bench_url_timed() {  # mode budget concurrency report.json: bench_url, then the 
     | awk '{split($1, a, "{"); v[a[1]] = $2} END {for (k in v) if (k ~ /_count/) {b = k; sub(/_count/, "", b); printf "%s %d x %.2f ms (cumulative)\n", b, v[k], 1000 * v[b "_sum"] / v[k]}}'
 }
 
+setting_runs() {  # tag run...: `ddtree serve` (SERVE_ARGS + --pid-dir; the caller's env
+  # picks the setting), each run mode:budget:concurrency through it with bench_url_timed,
+  # then this serve's metrics, thread CPU and py-spy dumps moved into $OUT/<tag>/
+  local tag=$1 run mode budget c; shift
+  SERVE_ARGS="${SERVE_ARGS:-} --pid-dir $OUT/pids" start_serve _$tag || return 3
+  rm -f "$OUT"/dump_*.txt  # this serve's threads
+  for run in "$@"; do
+    IFS=: read -r mode budget c <<< "$run"
+    mark "$mode@$budget c$c through serve ($tag)"
+    bench_url_timed $mode $budget $c "$OUT/report_${tag}_${mode}_c${c}_$(date +%s).json"
+  done
+  kill $S; wait $S 2>/dev/null
+  (cd "$OUT" && mkdir -p "$tag" && mv metrics.txt threads.txt cpu.txt dump_*.txt "$tag/" \
+    2>/dev/null; gzip -f "serve_$tag.log")
+}
+
 spy_start() {  # rate tag svc...: py-spy on each service for SPY_SECONDS (8) s, SPY_DELAY
   # (4) s from now, idle threads too unless SPY_IDLE=0 (then a sample is CPU work: a bench
   # whose client takes its time to start is covered whole by a long recording), into
@@ -968,17 +984,8 @@ PY
   [ -f $T/config.json ] || stage_target
   for workers in 2 1; do
     mark "serve with $workers gateway processes"
-    GATEWAY_WORKERS=$workers SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 \
-      --pid-dir $OUT/pids" start_serve _w$workers || exit 3
-    rm -f "$OUT"/dump_*.txt  # this serve's threads
-    for run in ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:8; do
-      IFS=: read -r mode budget c <<< "$run"
-      mark "$mode@$budget c$c through serve ($workers gateway processes)"
-      bench_url_timed $mode $budget $c "$OUT/report_w${workers}_${mode}_c${c}_$(date +%s).json"
-    done
-    kill $S; wait $S 2>/dev/null
-    (cd "$OUT" && mkdir -p "w$workers" && mv metrics.txt threads.txt cpu.txt dump_*.txt \
-      "w$workers/" 2>/dev/null; gzip -f serve_w$workers.log)
+    GATEWAY_WORKERS=$workers SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+      setting_runs w$workers ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:8 || exit 3
   done
   mark "ar / tree@16 / auto in process, 160 requests"
   BENCH_TIMEOUT=240 NUM=160 bench_inprocess ar,tree,auto 16 "$OUT/report_inprocess.json"
@@ -995,16 +1002,8 @@ PY
   [ -f $T/config.json ] || stage_target
   for wait in 1 0; do
     mark "serve, DDTREE_SEND_AT_WAIT=$wait"
-    DDTREE_SEND_AT_WAIT=$wait SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8 \
-      --pid-dir $OUT/pids" start_serve _wait$wait || exit 3
-    rm -f "$OUT"/dump_*.txt
-    for run in ar:1:8 tree:16:8 ar:1:8; do
-      IFS=: read -r mode budget c <<< "$run"
-      mark "$mode@$budget c$c through serve (send at wait $wait)"
-      bench_url_timed $mode $budget $c "$OUT/report_wait${wait}_${mode}_c${c}_$(date +%s).json"
-    done
-    kill $S; wait $S 2>/dev/null
-    (cd "$OUT" && mkdir -p "wait$wait" && cat metrics.txt >> "wait$wait/metrics.txt" && cat threads.txt >> "wait$wait/threads.txt" && rm -f metrics.txt threads.txt cpu.txt dump_*.txt; gzip -f serve_wait$wait.log)
+    DDTREE_SEND_AT_WAIT=$wait SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+      setting_runs wait$wait ar:1:8 tree:16:8 ar:1:8 || exit 3
   done
   mark "ar / tree@16 in process, 160 requests"
   BENCH_TIMEOUT=200 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
