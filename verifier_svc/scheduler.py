@@ -275,9 +275,8 @@ class Scheduler:
     def _deliver_all(self, outputs: list[tuple[str, RoundResult]]) -> set[Outbox]:
         """Hands each result to its generation; -> the GenerateMany outboxes to flush (each
         stream's writer is woken once for all of them)."""
-        outboxes = {self._deliver(request_id, result) for request_id, result in outputs}
-        outboxes.discard(None)
-        return outboxes  # type: ignore[return-value]
+        outboxes = (self._deliver(request_id, result) for request_id, result in outputs)
+        return {outbox for outbox in outboxes if outbox is not None}
 
     def _flush(self, outboxes: set[Outbox] | None = None) -> None:
         """Wakes the writers of `outboxes` (default: those a step left unflushed)."""
