@@ -40,6 +40,9 @@ class GatewayConfig:
     # Generations share one GenerateMany stream to the verifier (one message per round for
     # all of them); off: a Generate call each.
     shared_stream: bool = True
+    # ... over the verifier's Unix socket when it advertises one this process can open
+    # (a verifier on this host; the same messages without gRPC's CPU a message).
+    verifier_socket: bool = True
     max_n: int = 16  # largest `n` (x prompts) one request may ask for
     request_timeout_s: float = 600.0  # deadline of one generation
     rpc_timeout_s: float = 5.0  # deadline of Abort and GetModelInfo
@@ -115,6 +118,11 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         help="generations share one GenerateMany stream to the verifier: "
                              "one message per round for all (default on); off: a Generate "
                              "call each")
+    parser.add_argument("--verifier-socket", action=argparse.BooleanOptionalAction,
+                        default=get("VERIFIER_SOCKET", "1") != "0",
+                        help="the shared stream over the verifier's Unix socket when it "
+                             "advertises one this process can open (a verifier on this "
+                             "host; default on); else over gRPC")
     parser.add_argument("--max-n", type=int, default=int(get("MAX_N", "16")))
     parser.add_argument(
         "--request-timeout-s", type=float, default=float(get("REQUEST_TIMEOUT_S", "600"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import socket
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from contextlib import aclosing
@@ -28,6 +29,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tenacity import (
     AsyncRetrying,
@@ -37,6 +39,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from ddtree import draft_socket
 from ddtree.service import GrpcSecurity, open_aio_channel
 from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
 from gateway.config import GatewayConfig
@@ -94,58 +97,46 @@ class StreamThread:
         self.loop.close()
 
 
-class SharedStream:
-    """One GenerateMany call, read on the `StreamThread`, and the queues (on the gateway's
-    loop) of the generations started on it; `on_read` is told each message's
-    `sent_unix_s` as the gateway's loop takes it up."""
+class _SharedBase:
+    """The queues (on the gateway's loop) of the generations started on one shared stream,
+    filled from the thread that reads the stream (`_arrive`); `on_read` is told each
+    message's `sent_unix_s` as the gateway's loop takes it up. A transport fills in how
+    messages are written (`start`, `send`) and how the stream closes."""
 
-    def __init__(self, thread: StreamThread, metadata: Sequence[tuple[str, str]] | None,
-                 on_read: Callable[[float], None] | None = None) -> None:
-        self.thread = thread
+    transport = ""
+
+    def __init__(self, on_read: Callable[[float], None] | None) -> None:
         self.on_read = on_read
         self.queues: dict[str, asyncio.Queue[Update]] = {}
-        self.error: grpc.aio.AioRpcError | None = None  # set once the call has ended
+        self.error: grpc.aio.AioRpcError | None = None  # set once the stream has ended
         self._loop = asyncio.get_running_loop()  # the gateway's
         self._lock = threading.Lock()  # guards `_arrived` and `_is_handing`
         self._arrived: list[verifier_pb2.GenerateManyResponse] = []
         self._is_handing = False  # a hand-over is scheduled on the gateway's loop
-        # Both made on the thread's loop, by `_read`'s first step: it runs before any write
-        # or cancel sent after it (one loop runs callbacks in the order they were sent).
-        self.call: grpc.aio.StreamStreamCall | None = None
-        self._writing: asyncio.Lock | None = None
-        self._reader = thread.run(self._read(metadata))
 
-    # ------------------------------------------------------------ on the stream's thread
+    def start(self, message: verifier_pb2.GenerateManyRequest,
+              queue: asyncio.Queue[Update]) -> None:
+        raise NotImplementedError
 
-    async def _read(self, metadata: Sequence[tuple[str, str]] | None) -> None:
-        assert self.thread.stub is not None
-        self.call = self.thread.stub.GenerateMany(metadata=metadata)
-        self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
-        error = status_error(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream")
-        try:
-            async for response in self.call:
-                with self._lock:
-                    self._arrived.append(response)
-                    if self._is_handing:
-                        continue
-                    self._is_handing = True
-                self._loop.call_soon_threadsafe(self._hand_over)
-        except grpc.aio.AioRpcError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            error = status_error(grpc.StatusCode.CANCELLED, "the gateway closed the stream")
-        finally:
-            with contextlib.suppress(RuntimeError):  # the gateway's loop is gone
-                self._loop.call_soon_threadsafe(self._end, error)
+    async def send(self, message: verifier_pb2.GenerateManyRequest) -> None:
+        raise NotImplementedError
 
-    async def _write(self, message: verifier_pb2.GenerateManyRequest) -> None:
-        assert self.call is not None and self._writing is not None
-        async with self._writing:
-            await self.call.write(message)
+    async def close(self) -> None:
+        raise NotImplementedError
 
-    def _cancel(self) -> None:
-        assert self.call is not None
-        self.call.cancel()
+    # ------------------------------------------------------------ on the reading thread
+
+    def _arrive(self, responses: list[verifier_pb2.GenerateManyResponse]) -> None:
+        with self._lock:
+            self._arrived.extend(responses)
+            if self._is_handing:
+                return
+            self._is_handing = True
+        self._loop.call_soon_threadsafe(self._hand_over)
+
+    def _ended(self, error: grpc.aio.AioRpcError) -> None:
+        with contextlib.suppress(RuntimeError):  # the gateway's loop is gone
+            self._loop.call_soon_threadsafe(self._end, error)
 
     # ------------------------------------------------------------ on the gateway's loop
 
@@ -166,6 +157,50 @@ class SharedStream:
         self.error = error
         for queue in self.queues.values():
             queue.put_nowait(error)
+
+
+class SharedStream(_SharedBase):
+    """One GenerateMany call, read on the `StreamThread`."""
+
+    transport = "grpc"
+
+    def __init__(self, thread: StreamThread, metadata: Sequence[tuple[str, str]] | None,
+                 on_read: Callable[[float], None] | None = None) -> None:
+        super().__init__(on_read)
+        self.thread = thread
+        # Both made on the thread's loop, by `_read`'s first step: it runs before any write
+        # or cancel sent after it (one loop runs callbacks in the order they were sent).
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self._writing: asyncio.Lock | None = None
+        self._reader = thread.run(self._read(metadata))
+
+    # ------------------------------------------------------------ on the stream's thread
+
+    async def _read(self, metadata: Sequence[tuple[str, str]] | None) -> None:
+        assert self.thread.stub is not None
+        self.call = self.thread.stub.GenerateMany(metadata=metadata)
+        self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
+        error = status_error(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream")
+        try:
+            async for response in self.call:
+                self._arrive([response])
+        except grpc.aio.AioRpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = status_error(grpc.StatusCode.CANCELLED, "the gateway closed the stream")
+        finally:
+            self._ended(error)
+
+    async def _write(self, message: verifier_pb2.GenerateManyRequest) -> None:
+        assert self.call is not None and self._writing is not None
+        async with self._writing:
+            await self.call.write(message)
+
+    def _cancel(self) -> None:
+        assert self.call is not None
+        self.call.cancel()
+
+    # ------------------------------------------------------------ on the gateway's loop
 
     async def send(self, message: verifier_pb2.GenerateManyRequest) -> None:
         if self.error is not None:
@@ -208,6 +243,82 @@ class SharedStream:
         await asyncio.wrap_future(self._reader)  # `_end` ran: it was sent first
 
 
+class SocketStream(_SharedBase):
+    """The shared stream over the verifier's Unix socket (verifier_svc/local_socket.py), for
+    a verifier on this host: the same messages, framed, read by a thread of its own that
+    hands them over as the gRPC stream's reader does; writes go out from the gateway's loop
+    at once (a small frame into a socket the verifier reads continuously; a send that
+    stalls past `send_timeout_s` ends the stream). Python gRPC costs ~100-150 us of CPU a
+    message on each side; a frame ~10-20."""
+
+    transport = "unix"
+
+    def __init__(self, sock: socket.socket, send_timeout_s: float,
+                 on_read: Callable[[float], None] | None = None) -> None:
+        super().__init__(on_read)
+        self._sock = sock
+        self._sender = sock.dup()  # its own timeout; the reader's changes per read
+        self._sender.settimeout(send_timeout_s)
+        self._send_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._done = threading.Event()  # `_end` was sent to the gateway's loop
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name="verifier-socket")
+        self._reader.start()
+
+    @classmethod
+    async def open(cls, path: str, hello: bytes, timeout_s: float,
+                   on_read: Callable[[float], None] | None = None) -> SocketStream:
+        """Connects and says hello; OSError when the socket is missing, refuses or
+        answers with anything but ok."""
+        sock = await asyncio.to_thread(draft_socket.connect, path, hello, timeout_s)
+        return cls(sock, timeout_s, on_read)
+
+    def _read(self) -> None:  # the reader thread
+        error = status_error(grpc.StatusCode.UNAVAILABLE, "the verifier ended the stream")
+        frames = draft_socket.FrameReader(self._sock, self._closing)
+        try:
+            while True:
+                self._arrive([verifier_pb2.GenerateManyResponse.FromString(frame)
+                              for frame in frames.next_frames()])
+        except (OSError, draft_socket.FrameError, DecodeError) as exc:
+            error = (status_error(grpc.StatusCode.CANCELLED, "the gateway closed the stream")
+                     if self._closing.is_set() else
+                     status_error(grpc.StatusCode.UNAVAILABLE, f"the verifier socket ended: {exc}"))
+        finally:
+            self._sock.close()
+            self._sender.close()
+            self._ended(error)
+            self._done.set()
+
+    def _write(self, message: verifier_pb2.GenerateManyRequest) -> None:
+        if self.error is not None:
+            raise self.error
+        frame = message.SerializeToString()
+        try:
+            with self._send_lock:
+                draft_socket.send_frame(self._sender, frame)
+        except OSError as exc:
+            self.error = status_error(grpc.StatusCode.UNAVAILABLE,
+                                      f"the verifier socket failed: {exc}")
+            with contextlib.suppress(OSError):  # the reader ends the stream
+                self._sock.shutdown(socket.SHUT_RDWR)
+            raise self.error from exc
+
+    def start(self, message: verifier_pb2.GenerateManyRequest,
+              queue: asyncio.Queue[Update]) -> None:
+        self._write(message)
+
+    async def send(self, message: verifier_pb2.GenerateManyRequest) -> None:
+        self._write(message)
+
+    async def close(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        await asyncio.to_thread(self._done.wait)
+
+
 class VerifierClient:
     """Create it anywhere; `start` it inside the event loop that will use it."""
 
@@ -221,6 +332,7 @@ class VerifierClient:
         stats_timeout_s: float = 1.0,
         security: GrpcSecurity | None = None,
         shared_stream: bool = True,
+        verifier_socket: bool = True,
     ) -> None:
         self.address = address
         self.request_timeout_s = request_timeout_s
@@ -234,7 +346,11 @@ class VerifierClient:
         self._stub: verifier_pb2_grpc.VerifierStub | None = None
         self._health: health_pb2_grpc.HealthStub | None = None
         self.shared_stream = shared_stream
-        self._shared: SharedStream | None = None
+        # The shared stream over the verifier's Unix socket where it advertises one this
+        # process can open (a verifier on this host), else over gRPC.
+        self.verifier_socket = verifier_socket
+        self._shared: _SharedBase | None = None
+        self._opening: asyncio.Lock | None = None  # one stream opened at a time
         self._stream_thread: StreamThread | None = None  # where the shared stream is read
         self._background: set[asyncio.Task[None]] = set()  # aborts in flight
         # Told each shared-stream message's `sent_unix_s` as it is read (the app's metrics).
@@ -244,13 +360,14 @@ class VerifierClient:
     def from_config(cls, config: GatewayConfig) -> VerifierClient:
         return cls(config.verifier_addr, config.request_timeout_s, config.rpc_timeout_s,
                    config.retry_attempts, config.retry_timeout_s, config.stats_timeout_s,
-                   config.security, config.shared_stream)
+                   config.security, config.shared_stream, config.verifier_socket)
 
     async def start(self) -> None:
         """Opens the channel (grpc.aio binds it to the running loop)."""
         self._channel = open_aio_channel(self.address, self.security)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._opening = asyncio.Lock()
         if self.shared_stream:
             self._stream_thread = await asyncio.to_thread(StreamThread, self.address,
                                                           self.security)
@@ -295,12 +412,44 @@ class VerifierClient:
 
     # ------------------------------------------------------------ over the shared stream
 
-    def _stream(self) -> SharedStream:
+    @property
+    def transport(self) -> str:
+        """How the shared stream travels now: "unix", "grpc", "" (none open)."""
+        shared = self._shared
+        return shared.transport if shared is not None and shared.error is None else ""
+
+    async def _stream(self) -> _SharedBase:
         """The live shared stream, opened anew after the last one ended."""
-        if self._shared is None or self._shared.error is not None:
-            assert self._stream_thread is not None, "VerifierClient.start() was not awaited"
-            self._shared = SharedStream(self._stream_thread, self._metadata, self.on_read)
-        return self._shared
+        assert self._opening is not None, "VerifierClient.start() was not awaited"
+        async with self._opening:
+            if self._shared is None or self._shared.error is not None:
+                self._shared = await self._open_shared()
+            return self._shared
+
+    async def _open_shared(self) -> _SharedBase:
+        """Over the verifier's Unix socket when it advertises one that opens from here
+        (GetModelInfo names it and the verifier process), else over gRPC."""
+        if self.verifier_socket:
+            try:
+                info = await self.model_info()
+            except grpc.aio.AioRpcError:
+                info = None  # the gRPC stream fails the same way (UNAVAILABLE: retried)
+            if info is not None and info.local_socket:
+                hello = draft_socket.hello(info.instance_id, self.security.token,
+                                           draft_socket.MANY_PREFIX)
+                try:
+                    stream = await SocketStream.open(info.local_socket, hello,
+                                                     self.rpc_timeout_s, self.on_read)
+                except OSError as exc:
+                    log.info("verifier_socket_unavailable", path=info.local_socket,
+                             reason=str(exc))
+                else:
+                    log.info("verifier_stream_open", transport="unix",
+                             path=info.local_socket)
+                    return stream
+        assert self._stream_thread is not None, "VerifierClient.start() was not awaited"
+        log.info("verifier_stream_open", transport="grpc", address=self.address)
+        return SharedStream(self._stream_thread, self._metadata, self.on_read)
 
     async def _generate_shared(
         self, request: verifier_pb2.GenerateRequest
@@ -340,12 +489,12 @@ class VerifierClient:
 
     async def _start_shared(
         self, request: verifier_pb2.GenerateRequest, deadline: float
-    ) -> tuple[SharedStream, asyncio.Queue[Update], verifier_pb2.GenerateResponse]:
+    ) -> tuple[_SharedBase, asyncio.Queue[Update], verifier_pb2.GenerateResponse]:
         """Starts the generation and reads its first message, retrying only UNAVAILABLE
         (a verifier that is restarting: the next try opens a new stream)."""
         async for attempt in self._retrying():
             with attempt:
-                stream, queue = self._stream(), asyncio.Queue[Update]()
+                stream, queue = await self._stream(), asyncio.Queue[Update]()
                 stream.queues[request.request_id] = queue
                 try:
                     stream.start(verifier_pb2.GenerateManyRequest(start=request), queue)
@@ -388,7 +537,7 @@ class VerifierClient:
                                update.error_message)
         return update.response
 
-    def _abort_shared(self, stream: SharedStream, request_id: str) -> None:
+    def _abort_shared(self, stream: _SharedBase, request_id: str) -> None:
         """Aborts on the stream (a task: this runs where the caller is being cancelled);
         a stream that has ended needs none: the verifier cancelled its generations."""
         async def abort() -> None:

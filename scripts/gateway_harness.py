@@ -33,17 +33,19 @@ import httpx
 from profile_gateway import cpu_seconds, free_port, wait_healthy  # this script's folder
 
 DEMO_TARGET = Path.home() / ".cache" / "ddtree" / "smollm2-135m-instruct"
+INSTANCE_ID = "harness"
 TOKENS = list(range(300, 1300))  # ids that decode to text in the demo tokenizer
 TIMINGS = ("request_prepare", "verifier_start", "verifier_first_token", "verifier_read",
            "verifier_hop", "delivery", "time_to_first_token")
 
 
-def serve_verifier(port: int, rate: float) -> None:
-    """The synthetic verifier until killed."""
+def serve_verifier(port: int, rate: float, socket_path: str) -> None:
+    """The synthetic verifier until killed; GenerateMany also on `socket_path` ("": no)."""
     from ddtree.engine import RoundResult, SpecParams
     from ddtree.service import add_health_and_reflection, set_serving
     from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
     from verifier_svc.generate_many import ManyStream
+    from verifier_svc.local_socket import LocalManyServer
     from verifier_svc.scheduler import Generation, Outbox
     from verifier_svc.servicer import VerifierServicer
 
@@ -102,7 +104,8 @@ def serve_verifier(port: int, rate: float) -> None:
         def GetModelInfo(self, request: object, context: object) -> verifier_pb2.ModelInfo:
             return verifier_pb2.ModelInfo(model_id="synthetic", vocab_size=49152,
                                           max_model_len=8192, eos_token_ids=[2],
-                                          default_mode="ar")
+                                          default_mode="ar", local_socket=socket_path,
+                                          instance_id=INSTANCE_ID if socket_path else "")
 
         def GetStats(self, request: object, context: object) -> verifier_pb2.EngineStats:
             return verifier_pb2.EngineStats()  # no slot limit: always admits
@@ -110,15 +113,22 @@ def serve_verifier(port: int, rate: float) -> None:
         def GenerateMany(self, requests: Iterator[verifier_pb2.GenerateManyRequest],
                          context: grpc.ServicerContext,
                          ) -> Iterator[verifier_pb2.GenerateManyResponse]:
+            stream = self.many_stream(context.peer())
+            context.add_callback(stream.cancel_all)
+            yield from stream.run(requests, context.is_active)
+
+        def many_stream(self, peer: str) -> ManyStream:
             def convert(message: verifier_pb2.GenerateRequest) -> object:
                 return VerifierServicer._generation_request(self, message)  # type: ignore[arg-type]
 
-            stream = ManyStream(self.ticker, convert, VerifierServicer._response,  # type: ignore[arg-type]
-                                context)
-            yield from stream.run(requests)
+            return ManyStream(self.ticker, convert, VerifierServicer._response,  # type: ignore[arg-type]
+                              peer)
 
+    servicer = Servicer()
+    if socket_path:
+        LocalManyServer(socket_path, servicer, INSTANCE_ID, "", 16).start()  # type: ignore[arg-type]
     server = grpc.server(futures.ThreadPoolExecutor(16))
-    verifier_pb2_grpc.add_VerifierServicer_to_server(Servicer(), server)
+    verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, ["ddtree.v1.Verifier"], False)
     set_serving(health, ["ddtree.v1.Verifier"])
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -149,10 +159,14 @@ def main(argv: list[str]) -> int:
                         default=(os.cpu_count() or 1) >= 2)
     parser.add_argument("--busy-core", action="store_true",
                         help="a busy loop shares the gateway's core (needs --pin)")
+    parser.add_argument("--socket", action=argparse.BooleanOptionalAction, default=True,
+                        help="the shared stream over the verifier's Unix socket (default) "
+                             "or gRPC")
     parser.add_argument("--serve-verifier", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--socket-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_verifier:
-        serve_verifier(args.serve_verifier, args.rate)
+        serve_verifier(args.serve_verifier, args.rate, args.socket_path)
         return 0
     if not (args.target / "tokenizer.json").exists():
         parser.error(f"no tokenizer in {args.target} (`ddtree models pull smollm2`)")
@@ -167,7 +181,8 @@ def main(argv: list[str]) -> int:
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     processes = [subprocess.Popen(
         pinned(others, [sys.executable, __file__, "--serve-verifier", str(verifier_port),
-                        "--rate", str(args.rate)]),
+                        "--rate", str(args.rate), "--socket-path",
+                        str(logs / f"harness-{verifier_port}.sock") if args.socket else ""]),
         env=env, stdout=subprocess.DEVNULL, stderr=open(logs / "harness_verifier.log", "wb"))]
     gateway = subprocess.Popen(
         pinned("0", [sys.executable, "-m", "gateway", "--verifier-addr",

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddtree.draft_socket import check_path
 from ddtree.engine import MAX_BUDGET, MODES, EngineConfig, Mode, SpecParams
 from ddtree.service import GrpcSecurity, add_security_flags, parse_service_config, security_of
 
@@ -51,6 +52,10 @@ class VerifierServiceConfig:
     # senders' GIL time then falls in that wait instead of in the next round's launch.
     # Off until measured on the GPU (lease call 149; the lease that ran it was cut off).
     send_at_wait: bool = False
+    # GenerateMany also on this Unix socket (advertised in ModelInfo) for a gateway on this
+    # host: the same messages without gRPC's ~100-150 us of CPU a message on each side.
+    # "auto" = $TMPDIR/ddtree-verifier-<port>.sock, "off" = none.
+    generate_socket: str = "auto"
     session_idle_timeout_s: float = 60.0  # an unused OpenSession session is closed
     draft_timeout_s: float = 10.0  # the most a round waits for the drafter's reply
     # ... when the drafter has not answered that (rows, tree nodes) shape yet (it compiles)
@@ -96,6 +101,10 @@ class VerifierServiceConfig:
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.generate_socket.lower() in ("none", "off"):
+            object.__setattr__(self, "generate_socket", "")
+        if self.generate_socket not in ("", "auto"):
+            check_path(self.generate_socket)
         security_of(self)  # validates the TLS files
         try:
             self.default_spec.validate(self.max_budget)
@@ -187,6 +196,10 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "engine next waits for the GPU or the drafter, so their GIL "
                              "time overlaps that wait (off, the default until measured: as "
                              "soon as they are read)")
+    parser.add_argument("--generate-socket", default=get("GENERATE_SOCKET", "auto"),
+                        help="GenerateMany also on this Unix socket for a gateway on this "
+                             "host (advertised in GetModelInfo; 'auto' = one per port in the "
+                             "temporary directory, 'off' = none)")
     parser.add_argument("--max-prefill-tokens", type=int,
                         default=int(get("MAX_PREFILL_TOKENS", "8192")))
     parser.add_argument("--session-idle-timeout", dest="session_idle_timeout_s", type=float,

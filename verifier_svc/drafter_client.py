@@ -175,18 +175,7 @@ class _SocketDraftStream(_Stream):
         """Connects and says hello; OSError when the socket is missing, refuses, or
         answers the hello with anything but ok (another drafter, a wrong token)."""
         super().__init__()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(connect_timeout_s)
-            sock.connect(path)
-            draft_socket.send_frame(sock, hello)
-            answer = draft_socket.recv_frame(sock, time.monotonic() + connect_timeout_s)
-        except (OSError, draft_socket.FrameError) as exc:
-            sock.close()
-            raise OSError(f"{path}: {exc}") from exc
-        if answer != draft_socket.HELLO_OK:
-            sock.close()
-            raise OSError(f"{path}: hello refused")
+        sock = draft_socket.connect(path, hello, connect_timeout_s)
         self._sock = sock
         self._sender = sock.dup()  # its own timeout; the reader's changes per read
         self._sender.settimeout(send_timeout_s)

@@ -6,6 +6,8 @@ step, so the writer (the RPC's thread) sends ONE message per round for all of th
 Generate sends one per generation, each from its own thread (at concurrency 8 through the
 gateway that was eight sends and eight threads contending for the engine thread's GIL
 every round). When the stream ends or breaks, every generation it started is cancelled.
+The same stream runs over the verifier's Unix socket for a gateway on this host
+(verifier_svc/local_socket.py): only the transport's reads and writes differ.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
-import grpc
 import structlog
 
 from ddtree.engine import GenerationRequest, RoundResult
@@ -40,25 +41,26 @@ class _Refused(Exception):
 
 
 class ManyStream:
-    """One GenerateMany call: `run` is its response iterator."""
+    """One GenerateMany stream: `run` is its response iterator; its transport calls
+    `cancel_all` when the client is gone."""
 
     def __init__(self, scheduler: Scheduler, convert: Convert, respond: Respond,
-                 context: grpc.ServicerContext) -> None:
+                 peer: str) -> None:
         self.scheduler, self.convert, self.respond = scheduler, convert, respond
-        self.context = context
-        self.peer = context.peer()
+        self.peer = peer
         self.outbox = Outbox()
         self._lock = threading.Lock()  # guards `_live` (reader thread vs writer)
         self._live: dict[str, Generation] = {}
         self._reading = True  # the client may still start generations
 
-    def run(self, requests: Iterable[verifier_pb2.GenerateManyRequest]
-            ) -> Iterator[verifier_pb2.GenerateManyResponse]:
-        self.context.add_callback(self._cancel_all)  # client gone: free the rows
+    def run(self, requests: Iterable[verifier_pb2.GenerateManyRequest],
+            is_active: Callable[[], bool]) -> Iterator[verifier_pb2.GenerateManyResponse]:
+        """The messages to send, until the client half-closed and every generation ended,
+        or `is_active()` is false (the client is gone)."""
         reader = threading.Thread(target=self._read, args=(requests,), daemon=True,
                                   name="generate-many-reader")
         reader.start()
-        while self.context.is_active():
+        while is_active():
             items = self.outbox.take(timeout_s=1.0)
             if items:
                 yield self._message(items)
@@ -110,7 +112,8 @@ class ManyStream:
         log.info("generate_started", request_id=request_id, mode=generation.request.spec.mode,
                  num_prompt_tokens=len(message.prompt_ids), stream="many")
 
-    def _cancel_all(self) -> None:
+    def cancel_all(self) -> None:
+        """Cancels every generation of the stream (the client is gone: free the rows)."""
         with self._lock:
             live = list(self._live.values())
         for generation in live:

@@ -5,6 +5,7 @@ health, reflection)."""
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from ddtree.tp_launch import Group, GroupSpec, rank_devices, start_group
 from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
+from verifier_svc.local_socket import LocalManyServer, default_path
 from verifier_svc.remote_drafter import RemoteDrafter
 from verifier_svc.scheduler import Scheduler
 from verifier_svc.servicer import VerifierServicer
@@ -54,8 +56,10 @@ class VerifierServer:
         scheduler: Scheduler,
         drafter: DrafterClient | None,
         group: Group | None = None,
+        local: LocalManyServer | None = None,
     ) -> None:
         self.server = server
+        self.local = local
         self.health = health
         self.scheduler = scheduler
         self.drafter = drafter
@@ -64,6 +68,8 @@ class VerifierServer:
     def stop(self, grace: float | None) -> threading.Event:
         """Stops taking RPCs, lets running ones end within `grace` s, then the engine."""
         self.health.enter_graceful_shutdown()  # NOT_SERVING: balancers stop sending work
+        if self.local is not None:  # its streams end: their generations are cancelled
+            self.local.stop()
         done = self.server.stop(grace)
         done.wait()
         stopped = self.scheduler.stop()
@@ -173,6 +179,7 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
     verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME], config.is_reflection)
     port = add_port(server, config.host, config.port, config.security)
+    local = _start_generate_socket(config, port, servicer, num_threads)  # before GetModelInfo
     scheduler.start()
     server.start()
     set_serving(health, [SERVICE_NAME])
@@ -188,8 +195,30 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         tensor_parallel_size=config.tensor_parallel_size,
         num_kv_rows=engine.plan.num_slots,
         max_model_len=engine.max_model_len,
+        generate_socket=servicer.model_info.local_socket or None,
     )
-    return VerifierServer(server, health, scheduler, drafter, group), port
+    return VerifierServer(server, health, scheduler, drafter, group, local), port
+
+
+def _start_generate_socket(config: VerifierServiceConfig, port: int,
+                           servicer: VerifierServicer, max_streams: int
+                           ) -> LocalManyServer | None:
+    """GenerateMany's Unix socket (config.generate_socket: "auto" = one per gRPC port in
+    the temporary directory, "" = none), advertised in the servicer's ModelInfo. A socket
+    that cannot be bound is logged and left out: gateways then use the gRPC stream."""
+    if not config.generate_socket:
+        return None
+    path = default_path(port) if config.generate_socket == "auto" else config.generate_socket
+    instance_id = secrets.token_hex(16)
+    try:
+        local = LocalManyServer(path, servicer, instance_id, config.security.token,
+                                max_streams)  # ValueError: an `auto` path too long
+        local.start()
+    except (OSError, ValueError) as exc:
+        log.error("verifier_generate_socket_failed", path=path, error=str(exc))
+        return None
+    servicer.model_info.local_socket, servicer.model_info.instance_id = path, instance_id
+    return local
 
 
 def load_verifier_target(config: VerifierServiceConfig, device: torch.device

@@ -74,9 +74,14 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         context: grpc.ServicerContext,
     ) -> Iterator[verifier_pb2.GenerateManyResponse]:
         log.info("generate_many_open", peer=context.peer())
-        stream = ManyStream(self.scheduler, self._generation_request, self._response, context)
-        yield from stream.run(request_iterator)
+        stream = self.many_stream(context.peer())
+        context.add_callback(stream.cancel_all)  # client gone: free the rows
+        yield from stream.run(request_iterator, context.is_active)
         log.info("generate_many_closed", peer=context.peer(), active=context.is_active())
+
+    def many_stream(self, peer: str) -> ManyStream:
+        """A GenerateMany stream's state, over gRPC or the Unix socket."""
+        return ManyStream(self.scheduler, self._generation_request, self._response, peer)
 
     def _generation_request(self, msg: verifier_pb2.GenerateRequest) -> GenerationRequest:
         if msg.max_tokens < 0:

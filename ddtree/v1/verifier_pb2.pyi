@@ -115,7 +115,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_id", "vocab_size", "max_model_len", "eos_token_ids", "default_mode", "default_budget", "default_max_topk", "drafter_connected", "max_budget", "block_size")
+    __slots__ = ("model_id", "vocab_size", "max_model_len", "eos_token_ids", "default_mode", "default_budget", "default_max_topk", "drafter_connected", "max_budget", "block_size", "local_socket", "instance_id")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class ModelInfo(_message.Message):
     DRAFTER_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     MAX_BUDGET_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     vocab_size: int
     max_model_len: int
@@ -136,7 +138,9 @@ class ModelInfo(_message.Message):
     drafter_connected: bool
     max_budget: int
     block_size: int
-    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_mode: _Optional[str] = ..., default_budget: _Optional[int] = ..., default_max_topk: _Optional[int] = ..., drafter_connected: _Optional[bool] = ..., max_budget: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+    local_socket: str
+    instance_id: str
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., default_mode: _Optional[str] = ..., default_budget: _Optional[int] = ..., default_max_topk: _Optional[int] = ..., drafter_connected: _Optional[bool] = ..., max_budget: _Optional[int] = ..., block_size: _Optional[int] = ..., local_socket: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("prompt_ids", "sampling", "return_features")

@@ -1,7 +1,8 @@
-"""The gateway's verifier client over real gRPC: generations share one GenerateMany stream,
-a consumer that stops early aborts its generation on that stream (which stays open for the
-others), verifier errors keep their status, the stream is read while the gateway's event
-loop is busy, and the per-call path (`shared_stream` off) serves the same tokens."""
+"""The gateway's verifier client against a real verifier: generations share one GenerateMany
+stream (over the verifier's Unix socket, "unix", or gRPC), a consumer that stops early
+aborts its generation on that stream (which stays open for the others), verifier errors
+keep their status, the stream is read while the gateway's event loop is busy, and the
+per-call path (`shared_stream` off, "calls") serves the same tokens."""
 
 from __future__ import annotations
 
@@ -15,10 +16,23 @@ import pytest
 
 from ddtree.models.target import TargetModel
 from ddtree.v1 import common_pb2, verifier_pb2
-from gateway.verifier_client import SharedStream, VerifierClient
+from gateway.verifier_client import SharedStream, VerifierClient, _SharedBase
 from tests.integration.conftest import Verifier, engine_idle, greedy_tokens, make_prompt
 
 AR = common_pb2.SpecParams(mode=common_pb2.MODE_AR)
+SHARED = ["unix", "grpc"]  # the shared stream's transports
+
+
+def client_of(port: int, transport: str) -> VerifierClient:
+    """A client whose generations go over `transport` (SHARED, or "calls": a Generate
+    call each)."""
+    return VerifierClient(f"127.0.0.1:{port}", shared_stream=transport != "calls",
+                          verifier_socket=transport == "unix")
+
+
+def assert_transport(client: VerifierClient, transport: str) -> None:
+    """The stream the generations went over (checked while it is open)."""
+    assert client.transport == ("" if transport == "calls" else transport)
 
 
 def request(request_id: str, prompt: list[int], max_tokens: int) -> verifier_pb2.GenerateRequest:
@@ -34,30 +48,33 @@ async def tokens_of(client: VerifierClient, message: verifier_pb2.GenerateReques
     return tokens
 
 
-@pytest.mark.parametrize("shared_stream", [True, False])
+@pytest.mark.parametrize("transport", [*SHARED, "calls"])
 def test_concurrent_generations_get_their_own_tokens(
-        verifier: Verifier, target: TargetModel, shared_stream: bool) -> None:
+        verifier: Verifier, target: TargetModel, transport: str) -> None:
     prompts = [make_prompt(target, 4 + i, seed=500 + i) for i in range(4)]
 
     async def main() -> list[list[int]]:
-        client = VerifierClient(f"127.0.0.1:{verifier.port}", shared_stream=shared_stream)
+        client = client_of(verifier.port, transport)
         await client.start()
         try:
-            return list(await asyncio.gather(*(
-                tokens_of(client, request(f"shared-{shared_stream}-{i}", p, 10))
+            tokens = list(await asyncio.gather(*(
+                tokens_of(client, request(f"shared-{transport}-{i}", p, 10))
                 for i, p in enumerate(prompts))))
+            assert_transport(client, transport)
+            return tokens
         finally:
             await client.close()
 
     assert asyncio.run(main()) == [greedy_tokens(target, p, 10) for p in prompts]
 
 
+@pytest.mark.parametrize("transport", SHARED)
 def test_an_early_stop_aborts_on_the_stream_and_the_stream_serves_on(
-        verifier: Verifier, target: TargetModel) -> None:
+        verifier: Verifier, target: TargetModel, transport: str) -> None:
     prompt = make_prompt(target, 5, seed=77)
 
     async def main() -> tuple[bool, list[int], bool]:
-        client = VerifierClient(f"127.0.0.1:{verifier.port}")
+        client = client_of(verifier.port, transport)
         await client.start()
         try:
             async with aclosing(client.generate(request("stopped", prompt, 1000))) as messages:
@@ -66,6 +83,7 @@ def test_an_early_stop_aborts_on_the_stream_and_the_stream_serves_on(
             stream = client._shared
             freed = await engine_idle(client)  # the abort went over the open stream
             tokens = await tokens_of(client, request("after", prompt, 6))
+            assert_transport(client, transport)
             return freed, tokens, client._shared is stream
         finally:
             await client.close()
@@ -75,12 +93,13 @@ def test_an_early_stop_aborts_on_the_stream_and_the_stream_serves_on(
     assert tokens == greedy_tokens(target, prompt, 6) and same_stream
 
 
+@pytest.mark.parametrize("transport", SHARED)
 def test_a_refused_generation_raises_its_status_and_others_run_on(
-        verifier: Verifier, target: TargetModel) -> None:
+        verifier: Verifier, target: TargetModel, transport: str) -> None:
     prompt = make_prompt(target, 5, seed=78)
 
     async def main() -> tuple[grpc.StatusCode, str, list[int]]:
-        client = VerifierClient(f"127.0.0.1:{verifier.port}")
+        client = client_of(verifier.port, transport)
         await client.start()
         try:
             bad = request("refused", [target.config.vocab_size + 1], 4)
@@ -96,15 +115,16 @@ def test_a_refused_generation_raises_its_status_and_others_run_on(
     assert tokens == greedy_tokens(target, prompt, 5)
 
 
-def has_read_the_end(stream: SharedStream) -> bool:
+def has_read_the_end(stream: _SharedBase) -> bool:
     """The stream's thread holds a finished update the gateway's loop has not taken yet."""
     with stream._lock:
         return any(update.response.finish_reason
                    for response in stream._arrived for update in response.updates)
 
 
+@pytest.mark.parametrize("transport", SHARED)
 def test_a_busy_gateway_loop_takes_every_message_that_came_meanwhile_at_once(
-        verifier: Verifier, target: TargetModel) -> None:
+        verifier: Verifier, target: TargetModel, transport: str) -> None:
     # ar: the verifier sends a message per round. The gateway's loop is blocked (busy with
     # other streams) after the first batch until the stream's thread has read the last
     # message; then one batch holds all of them (read on the loop, they stayed in gRPC's
@@ -112,7 +132,7 @@ def test_a_busy_gateway_loop_takes_every_message_that_came_meanwhile_at_once(
     prompt, max_tokens = make_prompt(target, 5, seed=79), 16
 
     async def main() -> list[list[verifier_pb2.GenerateResponse]]:
-        client = VerifierClient(f"127.0.0.1:{verifier.port}")
+        client = client_of(verifier.port, transport)
         await client.start()
         try:
             batches = []
@@ -164,17 +184,17 @@ def test_a_start_whose_write_fails_hands_the_error_to_its_queue() -> None:
     assert error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
-@pytest.mark.parametrize("shared_stream", [True, False])
+@pytest.mark.parametrize("transport", [*SHARED, "calls"])
 def test_every_message_says_when_the_verifier_read_the_request(
-        verifier: Verifier, target: TargetModel, shared_stream: bool) -> None:
+        verifier: Verifier, target: TargetModel, transport: str) -> None:
     """received_unix_s (the gateway's verifier_start / verifier_first_token timings): one
     value for the whole generation, after the client started it, before each message."""
     async def main() -> tuple[float, float, list[verifier_pb2.GenerateResponse]]:
-        client = VerifierClient(f"127.0.0.1:{verifier.port}", shared_stream=shared_stream)
+        client = client_of(verifier.port, transport)
         await client.start()
         try:
             started = time.time()
-            async with aclosing(client.generate(request(f"read-{shared_stream}",
+            async with aclosing(client.generate(request(f"read-{transport}",
                                                         make_prompt(target, 4, seed=9), 5))
                                 ) as messages:
                 read = [m async for m in messages]

@@ -180,3 +180,17 @@ def test_gateway_merge_when_behind_is_on_unless_the_flag_or_environment_says_off
     assert not gateway_config(base, {"DDTREE_MERGE_WHEN_BEHIND": "0"}).merge_when_behind
     on_again = [*base, "--merge-when-behind"]
     assert gateway_config(on_again, {"DDTREE_MERGE_WHEN_BEHIND": "0"}).merge_when_behind
+
+
+def test_generate_many_takes_the_verifiers_socket_unless_turned_off(tmp_path: Path) -> None:
+    base = ["--target", "t", "--mode", "ar"]
+    assert verifier_config(base, {}).generate_socket == "auto"
+    assert verifier_config(base + ["--generate-socket", "off"], {}).generate_socket == ""
+    assert verifier_config(base, {"DDTREE_GENERATE_SOCKET": "/run/v.sock"}).generate_socket == (
+        "/run/v.sock")
+    with pytest.raises(SystemExit):  # longer than a Unix socket address holds
+        verifier_config(base + ["--generate-socket", "/" + "s" * 120], {})
+    gateway = ["--verifier-addr", "127.0.0.1:1", "--target", str(tmp_path)]
+    assert gateway_config(gateway, {}).verifier_socket is True
+    assert gateway_config([*gateway, "--no-verifier-socket"], {}).verifier_socket is False
+    assert gateway_config(gateway, {"DDTREE_VERIFIER_SOCKET": "0"}).verifier_socket is False

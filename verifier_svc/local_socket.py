@@ -1,0 +1,81 @@
+"""GenerateMany on the verifier's Unix socket: the gateway's generations on this host.
+
+The gateway's shared stream carries one message a round for all its generations; over gRPC
+each costs ~100-150 us of CPU on either side of the hop (lease 43: at ar c8 ~1,200
+messages a second, the verifier's writer beside the engine thread's GIL, the gateway's
+reads beside its event loop). Over this socket the same GenerateManyRequest /
+GenerateManyResponse messages travel framed as the drafter link's (ddtree/draft_socket.py,
+hello MANY_PREFIX + ModelInfo.instance_id [+ token]), and the same `ManyStream` answers
+them: a thread reads the connection's requests, the connection's own thread writes what
+the engine flushed. A connection that closes, breaks its framing or stalls a send past
+SEND_TIMEOUT_S ends its stream; its generations are cancelled, as a broken gRPC stream's.
+gRPC's GenerateMany stays the API (and the gateway's way on another host).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+
+import structlog
+from google.protobuf.message import DecodeError
+
+from ddtree import draft_socket
+from ddtree.draft_socket import FrameError
+from ddtree.v1 import verifier_pb2
+from verifier_svc.servicer import VerifierServicer
+
+log = structlog.get_logger("verifier_svc.local_socket")
+
+SEND_TIMEOUT_S = 30.0  # a message the gateway does not read this long ends its stream
+
+
+def default_path(port: int) -> str:
+    """The socket of the verifier serving gRPC on `port` (one per port on a host)."""
+    return os.path.join(tempfile.gettempdir(), f"ddtree-verifier-{port}.sock")
+
+
+class LocalManyServer(draft_socket.FrameServer):
+    def __init__(self, path: str, servicer: VerifierServicer, instance_id: str, token: str,
+                 max_streams: int) -> None:
+        super().__init__(path, instance_id, token, max_streams, (draft_socket.MANY_PREFIX,),
+                         "many_socket")
+        self.servicer = servicer
+
+    def serve(self, conn: socket.socket, peer: str, prefix: bytes) -> None:
+        log.info("generate_many_open", peer=peer)
+        stream = self.servicer.many_stream(peer)
+        closed = threading.Event()  # the gateway is gone (or the server stops)
+        sender = conn.dup()  # its own timeout; the reader's changes per read
+        sender.settimeout(SEND_TIMEOUT_S)
+        try:
+            for message in stream.run(self._requests(conn, peer, closed),
+                                      lambda: not closed.is_set()):
+                draft_socket.send_frame(sender, message.SerializeToString())
+        finally:
+            closed.set()
+            stream.cancel_all()  # what is still running frees its rows
+            sender.close()
+            log.info("generate_many_closed", peer=peer)
+
+    def _requests(self, conn: socket.socket, peer: str, closed: threading.Event
+                  ) -> Iterator[verifier_pb2.GenerateManyRequest]:
+        """The connection's requests until it closes, breaks its framing or the server
+        stops; then the stream is done: its generations are cancelled (the gateway never
+        half-closes this stream: it closes the connection)."""
+        try:
+            while True:
+                try:
+                    frame = draft_socket.recv_frame(conn, None, self.stopping)
+                except (OSError, FrameError):
+                    return
+                try:
+                    yield verifier_pb2.GenerateManyRequest.FromString(frame)
+                except DecodeError:
+                    log.warning("many_socket_malformed", peer=peer, num_bytes=len(frame))
+                    return
+        finally:
+            closed.set()  # before ManyStream's reader wakes the writer: `run` ends
