@@ -1011,6 +1011,26 @@ PY
   pack_all $1
   mark done
   ;;
+150)
+  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the gateway's shared stream over the
+  # verifier's Unix socket (default now) against gRPC (DDTREE_VERIFIER_SOCKET=0: lease 43,
+  # Python gRPC's ~100-150 us of CPU a message on each side, ar c8 through serve 0.84-0.92x
+  # of in process), and the socket with --send-at-wait (call 149, never run to its end):
+  # serve per setting, ar / tree@16 c8 twice each, then in process
+  [ -f $T/config.json ] || stage_target
+  for setting in unix grpc unixwait; do
+    mark "serve, shared stream setting $setting"
+    DDTREE_VERIFIER_SOCKET=$([ $setting = grpc ] && echo 0 || echo 1) \
+      DDTREE_SEND_AT_WAIT=$([ $setting = unixwait ] && echo 1 || echo 0) \
+      SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+      setting_runs $setting ar:1:8 tree:16:8 ar:1:8 tree:16:8 || exit 3
+    zcat "$OUT/serve_$setting.log.gz" | grep -h verifier_stream_open | head -2 | cut -c1-240
+  done
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=200 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
 144)
   # (warm, after 143) tree@16 / auto / ar at c8 through `ddtree serve` alone, the services'
   # GIL switch interval from the caller's DDTREE_GIL_SWITCH_INTERVAL_S (lease 41: 0.0005)
