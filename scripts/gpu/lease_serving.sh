@@ -1011,6 +1011,51 @@ PY
   pack_all $1
   mark done
   ;;
+152)
+  # (after 0-3, g3b, g3c, g3d, carry .carry/g4; warm after 125 too) what MPS costs the
+  # engine itself (call 151: through serve ar c8 0.966x of in process without MPS, 0.93x
+  # as its client; tree@16 0.85x without, 0.965x with): ar / tree@16 c8 in process
+  # (160 requests) without and as a client of a private MPS server, alternated twice
+  [ -f $T/config.json ] || stage_target
+  for round in 1 2; do
+    for mps in off on; do
+      mark "in process, MPS $mps ($round)"
+      if [ $mps = on ]; then
+        python3 -c "import os, subprocess, sys
+from ddtree.mps import MpsServer
+with MpsServer('cuda', required=True) as mps:
+    sys.exit(subprocess.run(sys.argv[1:], env={**os.environ, **mps.env}).returncode)" \
+          timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+          --num-prompts 160 --num-requests 160 --modes ar,tree --budgets 16 --concurrency 8 \
+          --max-tokens 256 --no-progress --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 \
+          | grep -E "humaneval|MPS|rror"
+      else
+        timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+          --num-prompts 160 --num-requests 160 --modes ar,tree --budgets 16 --concurrency 8 \
+          --max-tokens 256 --no-progress --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 \
+          | grep -E "humaneval|rror"
+      fi
+    done
+  done
+  pack_all $1
+  mark done
+  ;;
+151)
+  # (warm after 150) ar's remaining gap through serve with the socket (call 150: 0.93x of
+  # in process at c8, TTFT +2-3 ms, per token +3%): the verifier and the drafter as
+  # clients of MPS (serve's default on one GPU) against without (DDTREE_MPS=off), ar c8
+  # twice and tree@16 c8 once each, then ar / tree@16 in process
+  [ -f $T/config.json ] || stage_target
+  for mps in off auto; do
+    mark "serve, DDTREE_MPS=$mps"
+    DDTREE_MPS=$mps SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+      setting_runs mps$mps ar:1:8 tree:16:8 ar:1:8 || exit 3
+  done
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=200 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
 150)
   # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the gateway's shared stream over the
   # verifier's Unix socket (default now) against gRPC (DDTREE_VERIFIER_SOCKET=0: lease 43,
