@@ -1017,6 +1017,13 @@ PY
   # as its client; tree@16 0.85x without, 0.965x with): ar / tree@16 c8 in process
   # (160 requests) without and as a client of a private MPS server, alternated twice
   [ -f $T/config.json ] || stage_target
+  mark "a graph's replay + copy + event wait, without MPS, then as an MPS client"
+  python3 scripts/gpu/sync_latency.py
+  python3 -c "import os, subprocess, sys
+from ddtree.mps import MpsServer
+with MpsServer('cuda', required=True) as mps:
+    sys.exit(subprocess.run(sys.argv[1:], env={**os.environ, **mps.env}).returncode)" \
+    python3 scripts/gpu/sync_latency.py
   for round in 1 2; do
     for mps in off on; do
       mark "in process, MPS $mps ($round)"
