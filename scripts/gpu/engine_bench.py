@@ -401,6 +401,10 @@ def stage_load(args: argparse.Namespace) -> dict[str, Any]:
     target, drafter, tokenizer = load(args, torch.bfloat16)
     prompts = humaneval_prompts(args.humaneval, tokenizer, 64)
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=64, max_model_len=1024))
+    if args.warm_up and engine.graphs.enabled:  # what a server does before serving
+        started = time.perf_counter()
+        print(f"warm-up: {engine.warm_up()} shapes, {engine.graphs.num_graphs} graphs, "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
     rows: dict[str, Any] = {}
 
     def measure(name: str, concurrency: int, phase: str) -> dict[str, Any]:
@@ -709,6 +713,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prefill-profile", action=argparse.BooleanOptionalAction,
                         default=True, help="profile stage: the first token's time too")
     parser.add_argument("--load-tokens", type=int, default=128)
+    parser.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=False,
+                        help="load stage: capture every shape first, as a server does "
+                             "(Engine.warm_up), so no run pays a capture")
     parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)
     if args.linear_table is not None:  # read by linear_config at every launch
