@@ -252,6 +252,7 @@ class FrameServer:
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._listener: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
 
     def serve(self, conn: socket.socket, peer: str, prefix: bytes) -> None:
         raise NotImplementedError
@@ -279,12 +280,22 @@ class FrameServer:
             listener.close()
             raise
         self._listener = listener
-        threading.Thread(target=self._accept, name=f"{self.name}-accept", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name=f"{self.name}-accept",
+                                          daemon=True)
+        self._acceptor.start()
 
     def stop(self) -> None:
+        """Returns once the accept thread has ended: a daemon thread still waking from
+        accept() while the interpreter exits aborted the test process now and then
+        ("terminate called without an active exception", exit 134, with two servers'
+        accept threads in one process)."""
         self._stopping.set()
         if self._listener is not None:
-            self._listener.close()  # the accept loop sees _stopping within WAIT_SLICE_S
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() (Linux)
+            self._listener.close()  # elsewhere the loop sees _stopping within WAIT_SLICE_S
+        if self._acceptor is not None and self._acceptor is not threading.current_thread():
+            self._acceptor.join(timeout=2 * WAIT_SLICE_S)
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
