@@ -39,15 +39,19 @@ import os
 import socket
 import stat
 import struct
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import structlog
+from google.protobuf.message import DecodeError, Message
 
 from ddtree.service import MAX_MESSAGE_BYTES
 
 MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
+M = TypeVar("M", bound=Message)
 HELLO_PREFIX = b"ddtree-draft/1 "
 # The shared draft link's hello (verifier_svc/shared_drafter.py): the drafter drafts over
 # the verifier's own round state, opened from its shared memory.
@@ -88,6 +92,12 @@ def hello_accepted(frame: bytes, instance_id: str, token: str,
     if named == instance_id.encode() and hmac.compare_digest(given, token.encode()):
         return prefix
     return None
+
+
+def default_path(service: str, port: int) -> str:
+    """The socket of `service` ("drafter", "verifier") serving gRPC on `port` (one per port
+    on a host), in the temporary directory."""
+    return os.path.join(tempfile.gettempdir(), f"ddtree-{service}-{port}.sock")
 
 
 def check_path(path: str) -> None:
@@ -264,6 +274,20 @@ class FrameServer:
     @property
     def stopping(self) -> threading.Event:
         return self._stopping
+
+    def messages(self, conn: socket.socket, peer: str, kind: type[M]) -> Iterator[M]:
+        """The connection's frames parsed as `kind` until it closes, breaks its framing,
+        sends a malformed message (logged) or the server stops."""
+        while True:
+            try:
+                frame = recv_frame(conn, None, self._stopping)
+            except (OSError, FrameError):
+                return
+            try:
+                yield kind.FromString(frame)
+            except DecodeError:
+                self.log.warning(f"{self.name}_malformed", peer=peer, num_bytes=len(frame))
+                return
 
     def start(self) -> None:
         """Binds (replacing a socket file no live process listens on) and accepts in a

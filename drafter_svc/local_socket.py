@@ -9,31 +9,18 @@ connections at once (`draft_socket.FrameServer`), as the gRPC server bounds its 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import structlog
-from google.protobuf.message import DecodeError
-
 from ddtree import draft_socket
-from ddtree.draft_socket import FrameError
 from ddtree.engine.drafting import LocalDrafter
 from ddtree.v1 import drafter_pb2
 from drafter_svc.servicer import DrafterServicer
 from drafter_svc.shared_round import SharedRoundLink, serve_shared
 
-log = structlog.get_logger("drafter_svc.local_socket")
-
 SEND_TIMEOUT_S = 30.0  # a reply the verifier does not read this long ends its connection
 
-
-def default_path(port: int) -> str:
-    """The socket of the drafter serving gRPC on `port` (one per port on a host)."""
-    return os.path.join(tempfile.gettempdir(), f"ddtree-drafter-{port}.sock")
 
 
 class LocalDraftServer(draft_socket.FrameServer):
@@ -57,25 +44,11 @@ class LocalDraftServer(draft_socket.FrameServer):
             serve_shared(conn, peer, self.shared.link(conn, self.stopping))
             return
         # closing: the stream's sessions are freed at once, also when a send fails
-        with contextlib.closing(self.servicer.serve_stream(self._requests(conn, peer),
-                                                           peer)) as replies:
+        requests = self.messages(conn, peer, drafter_pb2.DraftRequest)
+        with contextlib.closing(self.servicer.serve_stream(requests, peer)) as replies:
             for reply in replies:
                 conn.settimeout(SEND_TIMEOUT_S)
                 draft_socket.send_frame(conn, reply.SerializeToString())
-
-    def _requests(self, conn: socket.socket, peer: str) -> Iterator[drafter_pb2.DraftRequest]:
-        """The connection's requests until it closes, breaks its framing or the server
-        stops (the stream then ends as a gRPC stream's end does)."""
-        while True:
-            try:
-                frame = draft_socket.recv_frame(conn, None, self.stopping)
-            except (OSError, FrameError):
-                return
-            try:
-                yield drafter_pb2.DraftRequest.FromString(frame)
-            except DecodeError:
-                log.warning("draft_socket_malformed", peer=peer, num_bytes=len(frame))
-                return
 
 
 @dataclass(frozen=True)

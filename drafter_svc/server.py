@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import structlog
 
+from ddtree import draft_socket
 from ddtree.draft_codec import DRAFT_WIRE_VERSION
 from ddtree.engine import LocalDrafter
 from ddtree.engine.draft_graphs import GraphDrafter
@@ -39,7 +40,7 @@ from ddtree.service import (
 )
 from ddtree.v1 import drafter_pb2, drafter_pb2_grpc
 from drafter_svc.config import DrafterServiceConfig
-from drafter_svc.local_socket import LocalDraftServer, SharedLinks, default_path
+from drafter_svc.local_socket import LocalDraftServer, SharedLinks
 from drafter_svc.servicer import DrafterServicer
 from drafter_svc.sessions import DraftSessionTable
 
@@ -190,7 +191,8 @@ def _start_local_socket(config: DrafterServiceConfig, port: int, servicer: Draft
     bound is logged and left out: verifiers then use the gRPC stream."""
     if not config.local_socket:
         return None
-    path = default_path(port) if config.local_socket == "auto" else config.local_socket
+    path = (draft_socket.default_path("drafter", port) if config.local_socket == "auto"
+            else config.local_socket)
     instance_id = secrets.token_hex(16)
     try:
         local = LocalDraftServer(path, servicer, instance_id, config.security.token,

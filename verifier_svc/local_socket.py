@@ -14,17 +14,13 @@ gRPC's GenerateMany stays the API (and the gateway's way on another host).
 
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import threading
 from collections.abc import Iterator
 
 import structlog
-from google.protobuf.message import DecodeError
 
 from ddtree import draft_socket
-from ddtree.draft_socket import FrameError
 from ddtree.v1 import verifier_pb2
 from verifier_svc.servicer import VerifierServicer
 
@@ -32,10 +28,6 @@ log = structlog.get_logger("verifier_svc.local_socket")
 
 SEND_TIMEOUT_S = 30.0  # a message the gateway does not read this long ends its stream
 
-
-def default_path(port: int) -> str:
-    """The socket of the verifier serving gRPC on `port` (one per port on a host)."""
-    return os.path.join(tempfile.gettempdir(), f"ddtree-verifier-{port}.sock")
 
 
 class LocalManyServer(draft_socket.FrameServer):
@@ -67,15 +59,6 @@ class LocalManyServer(draft_socket.FrameServer):
         stops; then the stream is done: its generations are cancelled (the gateway never
         half-closes this stream: it closes the connection)."""
         try:
-            while True:
-                try:
-                    frame = draft_socket.recv_frame(conn, None, self.stopping)
-                except (OSError, FrameError):
-                    return
-                try:
-                    yield verifier_pb2.GenerateManyRequest.FromString(frame)
-                except DecodeError:
-                    log.warning("many_socket_malformed", peer=peer, num_bytes=len(frame))
-                    return
+            yield from self.messages(conn, peer, verifier_pb2.GenerateManyRequest)
         finally:
             closed.set()  # before ManyStream's reader wakes the writer: `run` ends

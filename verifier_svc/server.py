@@ -17,6 +17,7 @@ import structlog
 import torch
 from grpc_health.v1.health import HealthServicer
 
+from ddtree import draft_socket
 from ddtree.engine import Engine
 from ddtree.engine.generate import build_engine as build_local
 from ddtree.engine.sessions import ClientSessions
@@ -34,7 +35,7 @@ from ddtree.tp_launch import Group, GroupSpec, rank_devices, start_group
 from ddtree.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_svc.config import VerifierServiceConfig
 from verifier_svc.drafter_client import DrafterClient
-from verifier_svc.local_socket import LocalManyServer, default_path
+from verifier_svc.local_socket import LocalManyServer
 from verifier_svc.remote_drafter import RemoteDrafter
 from verifier_svc.scheduler import Scheduler
 from verifier_svc.servicer import VerifierServicer
@@ -208,7 +209,8 @@ def _start_generate_socket(config: VerifierServiceConfig, port: int,
     that cannot be bound is logged and left out: gateways then use the gRPC stream."""
     if not config.generate_socket:
         return None
-    path = default_path(port) if config.generate_socket == "auto" else config.generate_socket
+    path = (draft_socket.default_path("verifier", port) if config.generate_socket == "auto"
+            else config.generate_socket)
     instance_id = secrets.token_hex(16)
     try:
         local = LocalManyServer(path, servicer, instance_id, config.security.token,

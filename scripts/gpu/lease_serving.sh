@@ -993,24 +993,6 @@ PY
   pack_all $1
   mark done
   ;;
-149)
-  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the verifier handing a step's results to the
-  # GenerateMany writer when the engine next waits on the GPU (--send-at-wait, off by
-  # default until this call measures it; lease 43's third machine was taken back during
-  # it) against at once (call 147: the writer's ~150-200 us of CPU a message, ~1,200
-  # messages a second at ar c8, fell in the engine's launch; ar's per-token time through
-  # serve 0.849 ms against 0.811 in process): serve per setting, ar / tree@16 c8, ar again
-  [ -f $T/config.json ] || stage_target
-  for wait in 1 0; do
-    mark "serve, DDTREE_SEND_AT_WAIT=$wait"
-    DDTREE_SEND_AT_WAIT=$wait SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
-      setting_runs wait$wait ar:1:8 tree:16:8 ar:1:8 || exit 3
-  done
-  mark "ar / tree@16 in process, 160 requests"
-  BENCH_TIMEOUT=200 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
-  pack_all $1
-  mark done
-  ;;
 152)
   # (after 0-3, g3b, g3c, g3d, carry .carry/g4; warm after 125 too) what MPS costs the
   # engine itself (call 151: through serve ar c8 0.966x of in process without MPS, 0.93x
@@ -1073,8 +1055,8 @@ with MpsServer('cuda', required=True) as mps:
   # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the gateway's shared stream over the
   # verifier's Unix socket (default now) against gRPC (DDTREE_VERIFIER_SOCKET=0: lease 43,
   # Python gRPC's ~100-150 us of CPU a message on each side, ar c8 through serve 0.84-0.92x
-  # of in process), and the socket with --send-at-wait (call 149, never run to its end):
-  # serve per setting, ar / tree@16 c8 twice each, then in process
+  # of in process), and the socket with --send-at-wait (in place of call 149, whose lease
+  # was cut off): serve per setting, ar / tree@16 c8 twice each, then in process
   [ -f $T/config.json ] || stage_target
   for setting in unix grpc unixwait; do
     mark "serve, shared stream setting $setting"
