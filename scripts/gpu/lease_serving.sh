@@ -1029,6 +1029,20 @@ with MpsServer('cuda', required=True) as mps:
   pack_all $1
   mark done
   ;;
+154)
+  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the drafter in the verifier's process
+  # (`ddtree serve --colocate-drafter`: one GPU context, no MPS; call 151: as MPS clients
+  # ar c8 0.93x of in process, tree@16 0.965x; without MPS ar 0.967x, tree@16 0.847x):
+  # ar / tree@16 c8 twice each through it, then in process
+  [ -f $T/config.json ] || stage_target
+  mark "serve --colocate-drafter"
+  SERVE_ARGS="--colocate-drafter --budget 16 --max-budget 16 --max-num-seqs 8" \
+    setting_runs colocated ar:1:8 tree:16:8 ar:1:8 tree:16:8 || exit 3
+  mark "ar / tree@16 in process, 160 requests"
+  BENCH_TIMEOUT=200 NUM=160 bench_inprocess ar,tree 16 "$OUT/report_inprocess.json"
+  pack_all $1
+  mark done
+  ;;
 153)
   # (warm) call 125 after a server's warm-up (Engine.warm_up: every shape captured first;
   # call 125 on an H100: auto's second warm run at c8 re-explored and captured a graph
