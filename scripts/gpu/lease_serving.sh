@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # A serving lease on one warm machine, each call well under 10 minutes. The repository
 # (with the 30 MB demo drafter) travels with every call, so the demo target's GGUF comes in
-# eight parts (since session 35; seven before, five before session 34: each left ~1 MB of
-# the 64 MiB a call carries as the repository grew): .carry/g0/part0 (the first 3,500,000
-# bytes, beside ~10 MB of wheels), then .carry/g1, g2, g3, g3b, g3c, g3d, g4 with part1,
-# part2, part3, part3b, part3c, part3d, part4 (~13.5 MB each; g1 also holds
-# HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since lease 17)
+# nine parts (since session 36; eight in session 35, seven before, five before session 34:
+# each left ~1 MB of the 64 MiB a call carries as the repository grew): .carry/g0/part0
+# (the first 1,000,000 bytes, beside ~10 MB of wheels), then .carry/g1, g2, g3, g3b, g3c,
+# g3d, g3e, g4 with part1, part2, part3, part3b, part3c, part3d, part3e, part4 (~12 MB
+# each; g1 also holds HumanEval.jsonl.gz; the spec-bench JSONL sit in .carry/spec since
+# lease 17)
 # (`bash scripts/gpu/make_carry.sh` rebuilds .whl and .carry on a fresh checkout; copy each
 # call's returned all<N>.tar into docs/gpu-runs/<date>-lease<NN>/ and commit it at once: the
 # files a call returns live outside the checkout and lease 35's went with its session):
 #   call 0  carries .whl and .carry/g0 (part0 parked in /tmp)
-#   calls 1-3, g3b, g3c, g3d  carry .carry/g1, .carry/g2, .carry/g3 (call 3 also .carry/spec,
-#           for the spec-bench calls), .carry/g3b, .carry/g3c, .carry/g3d: park them in /tmp
-#           ("after 0-3" below means after all seven staging calls)
-#   the work call carries .carry/g4 (part4: stage_target joins the eight and checks them)
+#   calls 1-3, g3b, g3c, g3d, g3e  carry .carry/g1, .carry/g2, .carry/g3 (call 3 also
+#           .carry/spec, for the spec-bench calls), .carry/g3b ... .carry/g3e: park them in
+#           /tmp ("after 0-3" below means after all eight staging calls)
+#   the work call carries .carry/g4 (part4: stage_target joins the nine and checks them)
 #   call 4  carry .carry/g4: join, check the sha256, convert; every mode against ar, the
 #           speed table and the round profile (engine_bench.py --stages exact,speed,profile);
 #           then ar and tree@32 at concurrency 1 and 8 under continuous load (40 requests per
@@ -244,10 +245,10 @@ load_bench() {  # extra bench arguments...
     --repeats "${REPEATS:-2}" --max-tokens 256 --no-progress
 }
 
-stage_target() {  # the GGUF from its eight parts (all but part4 parked in /tmp) -> the HF
+stage_target() {  # the GGUF from its nine parts (all but part4 parked in /tmp) -> the HF
   # checkpoint $T (pull_smollm2 checks the GGUF's sha256)
   cat /tmp/part0 /tmp/part1 /tmp/part2 /tmp/part3 /tmp/part3b /tmp/part3c /tmp/part3d \
-    .carry/g4/part4 \
+    /tmp/part3e .carry/g4/part4 \
     > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
   python3 -c "
 from pathlib import Path
@@ -970,7 +971,7 @@ PY
   SERVE_RUNS="ar:1:8 tree:16:8 auto:16:8 ar:1:8:4 ar:1:8:1 tree:16:1" exec bash "$0" 143
   ;;
 147)
-  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the first token's way stage by stage (the
+  # (after 0-3, g3b-g3e, carry .carry/g4) the first token's way stage by stage (the
   # gateway's new request_prepare / verifier_start / verifier_first_token timings beside
   # TTFT and the read lag), each service's CPU per thread (threads.txt, named by py-spy
   # dumps), the bench client on aiohttp, a generation's start written without waiting for
@@ -978,7 +979,7 @@ PY
   SERVE_RUNS="ar:1:8 tree:16:8 auto:16:8 ar:1:8 tree:16:8 tree:16:1" exec bash "$0" 143
   ;;
 148)
-  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) two gateway processes against one (call 147: the
+  # (after 0-3, g3b-g3e, carry .carry/g4) two gateway processes against one (call 147: the
   # one gateway's event loop was ~88% busy over ar c8, 72% over tree@16 c8: its first tokens
   # queue behind other streams' events): `ddtree serve --gateway-workers 2`, ar / tree@16 /
   # auto c8 twice; then one worker, the same; then in process
@@ -994,7 +995,7 @@ PY
   mark done
   ;;
 152)
-  # (after 0-3, g3b, g3c, g3d, carry .carry/g4; warm after 125 too) what MPS costs the
+  # (after 0-3, g3b-g3e, carry .carry/g4; warm after 125 too) what MPS costs the
   # engine itself (call 151: through serve ar c8 0.966x of in process without MPS, 0.93x
   # as its client; tree@16 0.85x without, 0.965x with): ar / tree@16 c8 in process
   # (160 requests) without and as a client of a private MPS server, alternated twice
@@ -1030,7 +1031,7 @@ with MpsServer('cuda', required=True) as mps:
   mark done
   ;;
 154)
-  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the drafter in the verifier's process
+  # (after 0-3, g3b-g3e, carry .carry/g4) the drafter in the verifier's process
   # (`ddtree serve --colocate-drafter`: one GPU context, no MPS; call 151: as MPS clients
   # ar c8 0.93x of in process, tree@16 0.965x; without MPS ar 0.967x, tree@16 0.847x):
   # ar / tree@16 c8 twice each through it, then in process
@@ -1066,7 +1067,7 @@ with MpsServer('cuda', required=True) as mps:
   mark done
   ;;
 150)
-  # (after 0-3, g3b, g3c, g3d, carry .carry/g4) the gateway's shared stream over the
+  # (after 0-3, g3b-g3e, carry .carry/g4) the gateway's shared stream over the
   # verifier's Unix socket (default now) against gRPC (DDTREE_VERIFIER_SOCKET=0: lease 43,
   # Python gRPC's ~100-150 us of CPU a message on each side, ar c8 through serve 0.84-0.92x
   # of in process), and the socket with --send-at-wait (in place of call 149, whose lease
@@ -2243,7 +2244,7 @@ PY
   if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi
   if [ -d .carry/g0 ]; then cp .carry/g0/part0 /tmp/; fi
   ;;
-1|2|3|g3b|g3c|g3d)
+1|2|3|g3b|g3c|g3d|g3e)
   cp .carry/g${1#g}/part* /tmp/
   # the spec-bench JSONL ride with call 3 since lease 40 (call 0 with them passed 64 MiB)
   if [ -d .carry/spec ]; then mkdir -p /tmp/spec_bench && cp .carry/spec/*.jsonl /tmp/spec_bench/; fi

