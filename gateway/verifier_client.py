@@ -132,7 +132,8 @@ class _SharedBase:
             if self._is_handing:
                 return
             self._is_handing = True
-        self._loop.call_soon_threadsafe(self._hand_over)
+        with contextlib.suppress(RuntimeError):  # the gateway's loop is gone
+            self._loop.call_soon_threadsafe(self._hand_over)
 
     def _ended(self, error: grpc.aio.AioRpcError) -> None:
         with contextlib.suppress(RuntimeError):  # the gateway's loop is gone
