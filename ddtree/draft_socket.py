@@ -258,7 +258,8 @@ class FrameServer:
         self.prefixes = tuple(prefixes)
         self.name = name  # log events and thread names: "draft_socket", "many_socket"
         self.log = structlog.get_logger(name)
-        self._stopping = threading.Event()
+        self._stopping = threading.Event()  # every connection ends
+        self._accepting_stopped = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -308,30 +309,36 @@ class FrameServer:
                                           daemon=True)
         self._acceptor.start()
 
-    def stop(self) -> None:
-        """Returns once the accept thread has ended: a daemon thread still waking from
+    def stop_accepting(self) -> None:
+        """Closes the listener and removes the socket file; open connections go on.
+        Returns once the accept thread has ended: a daemon thread still waking from
         accept() while the interpreter exits aborted the test process now and then
         ("terminate called without an active exception", exit 134, with two servers'
         accept threads in one process)."""
-        self._stopping.set()
+        self._accepting_stopped.set()
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() (Linux)
-            self._listener.close()  # elsewhere the loop sees _stopping within WAIT_SLICE_S
+            self._listener.close()  # elsewhere the loop sees the flag within WAIT_SLICE_S
         if self._acceptor is not None and self._acceptor is not threading.current_thread():
             self._acceptor.join(timeout=2 * WAIT_SLICE_S)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def stop(self) -> None:
+        """Stops accepting, then ends every open connection."""
+        self.stop_accepting()
+        self._stopping.set()
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
     def _accept(self) -> None:
         listener = self._listener
         assert listener is not None
-        while not self._stopping.is_set():
+        while not self._accepting_stopped.is_set():
             try:
                 conn, _ = listener.accept()
             except TimeoutError:

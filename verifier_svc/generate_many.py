@@ -112,6 +112,11 @@ class ManyStream:
         log.info("generate_started", request_id=request_id, mode=generation.request.spec.mode,
                  num_prompt_tokens=len(message.prompt_ids), stream="many")
 
+    def has_live(self) -> bool:
+        """Whether a generation of the stream is still running (or queued)."""
+        with self._lock:
+            return bool(self._live)
+
     def cancel_all(self) -> None:
         """Cancels every generation of the stream (the client is gone: free the rows)."""
         with self._lock:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import structlog
 
 from ddtree import draft_socket
 from ddtree.v1 import verifier_pb2
+from verifier_svc.generate_many import ManyStream
 from verifier_svc.servicer import VerifierServicer
 
 log = structlog.get_logger("verifier_svc.local_socket")
@@ -36,10 +38,25 @@ class LocalManyServer(draft_socket.FrameServer):
         super().__init__(path, instance_id, token, max_streams, (draft_socket.MANY_PREFIX,),
                          "many_socket")
         self.servicer = servicer
+        self._streams: set[ManyStream] = set()  # guarded by self._lock
+
+    def drain(self, grace_s: float | None) -> None:
+        """A graceful stop's first half: no new connections; the generations running on
+        the open streams get up to `grace_s` to finish (as gRPC's grace lets a GenerateMany
+        call's run), then `stop` ends the streams and cancels what is left."""
+        self.stop_accepting()
+        deadline = time.monotonic() + (grace_s or 0.0)
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(stream.has_live() for stream in self._streams):
+                    return
+            time.sleep(0.05)
 
     def serve(self, conn: socket.socket, peer: str, prefix: bytes) -> None:
         log.info("generate_many_open", peer=peer)
         stream = self.servicer.many_stream(peer)
+        with self._lock:
+            self._streams.add(stream)
         closed = threading.Event()  # the gateway is gone (or the server stops)
         sender = conn.dup()  # its own timeout; the reader's changes per read
         sender.settimeout(SEND_TIMEOUT_S)
@@ -50,6 +67,8 @@ class LocalManyServer(draft_socket.FrameServer):
         finally:
             closed.set()
             stream.cancel_all()  # what is still running frees its rows
+            with self._lock:
+                self._streams.discard(stream)
             sender.close()
             log.info("generate_many_closed", peer=peer)
 

@@ -69,9 +69,10 @@ class VerifierServer:
     def stop(self, grace: float | None) -> threading.Event:
         """Stops taking RPCs, lets running ones end within `grace` s, then the engine."""
         self.health.enter_graceful_shutdown()  # NOT_SERVING: balancers stop sending work
-        if self.local is not None:  # its streams end: their generations are cancelled
-            self.local.stop()
         done = self.server.stop(grace)
+        if self.local is not None:  # the socket's streams get the same grace, then end
+            self.local.drain(grace)
+            self.local.stop()
         done.wait()
         stopped = self.scheduler.stop()
         if self.group is not None and stopped:  # the followers' last message: stop

@@ -6,6 +6,7 @@ the gRPC stream."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import time
@@ -146,3 +147,45 @@ def test_a_closed_socket_ends_its_generations_and_the_gateway_falls_back_to_grpc
         server.stop(None)
     assert code == grpc.StatusCode.UNAVAILABLE
     assert tokens == greedy_tokens(target, prompt, 5) and transport == "grpc"
+
+
+def test_a_graceful_stop_lets_the_sockets_generations_finish(
+        tiny_pair: Path, drafter_port: int, target: TargetModel) -> None:
+    """The verifier stopping with a grace: its socket takes no new connection (the file
+    is gone at once), and a generation running on an open stream finishes within the
+    grace, every token there, as a gRPC GenerateMany call's would."""
+    import threading
+
+    server, port = build_server(VerifierServiceConfig(
+        target=str(tiny_pair / "target"), drafter_addr=f"127.0.0.1:{drafter_port}",
+        port=0, device="cpu", dtype="float32", mode="ar", max_budget=MAX_BUDGET))
+    prompt, max_tokens = make_prompt(target, 5, seed=94), 300
+    assert server.local is not None
+    path = server.local.path
+
+    async def main() -> tuple[list[int], str, bool]:
+        client = VerifierClient(f"127.0.0.1:{port}")
+        await client.start()
+        stopper = None
+        try:
+            tokens, finish = [], ""
+            async with aclosing(client.generate(request("drained", prompt, max_tokens))
+                                ) as messages:
+                async for message in messages:
+                    tokens += message.token_ids
+                    finish = message.finish_reason
+                    if stopper is None:
+                        assert client.transport == "unix"
+                        stopper = threading.Thread(target=server.stop, args=(30.0,))
+                        stopper.start()
+                        while os.path.exists(path):  # stop_accepting ran
+                            await asyncio.sleep(0.01)
+            return tokens, finish, bool(stopper.is_alive()) if stopper else False
+        finally:
+            await client.close()
+            if stopper is not None:
+                await asyncio.to_thread(stopper.join, 60)
+
+    tokens, finish, _ = asyncio.run(main())
+    assert finish == "length" and tokens == greedy_tokens(target, prompt, max_tokens)
+    assert not os.path.exists(path)
