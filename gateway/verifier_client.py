@@ -433,8 +433,10 @@ class VerifierClient:
         if self.verifier_socket:
             try:
                 info = await self.model_info()
-            except grpc.aio.AioRpcError:
-                info = None  # the gRPC stream fails the same way (UNAVAILABLE: retried)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    raise  # restarting: the caller retries (and then opens its socket)
+                info = None  # the gRPC stream says what is wrong
             if info is not None and info.local_socket:
                 hello = draft_socket.hello(info.instance_id, self.security.token,
                                            draft_socket.MANY_PREFIX)
