@@ -1034,8 +1034,12 @@ with MpsServer('cuda', required=True) as mps:
   # (after 0-3, g3b-g3e, carry .carry/g4) the drafter in the verifier's process
   # (`ddtree serve --colocate-drafter`: one GPU context, no MPS; call 151: as MPS clients
   # ar c8 0.93x of in process, tree@16 0.965x; without MPS ar 0.967x, tree@16 0.847x):
-  # ar / tree@16 c8 twice each through it, then in process
+  # ar / tree@16 c8 twice each through it; before it the default serve (socket, MPS) at
+  # c1 (the batch-1 target, 0.8x: 0.922x for tree@16 over gRPC, lease 43); then in process
   [ -f $T/config.json ] || stage_target
+  mark "serve (the default three processes), c1"
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+    setting_runs default tree:16:1 ar:1:1 || exit 3
   mark "serve --colocate-drafter"
   SERVE_ARGS="--colocate-drafter --budget 16 --max-budget 16 --max-num-seqs 8" \
     setting_runs colocated ar:1:8 tree:16:8 ar:1:8 tree:16:8 || exit 3
