@@ -1030,6 +1030,19 @@ with MpsServer('cuda', required=True) as mps:
   pack_all $1
   mark done
   ;;
+155)
+  # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with
+  # the drafter in the verifier's process (no MPS), ar / tree@16 c8 once, then in process c8
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--colocate-drafter --budget 16 --max-budget 16 --max-num-seqs 8" \
+    setting_runs colocated ar:1:8 tree:16:8 || exit 3
+  mark "ar / tree@16 c8 in process, 160 requests"
+  timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --modes ar,tree --budgets 16 --concurrency 8 \
+    --max-tokens 256 --no-progress --json-out "$OUT/report_inprocess.json" 2>&1 | grep humaneval
+  pack_all $1
+  mark done
+  ;;
 154)
   # (after 0-3, g3b-g3e, carry .carry/g4) the drafter in the verifier's process
   # (`ddtree serve --colocate-drafter`: one GPU context, no MPS; call 151: as MPS clients
