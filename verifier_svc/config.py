@@ -47,11 +47,6 @@ class VerifierServiceConfig:
     # shared draft link: the draft half runs there over this process's tables, nothing
     # but 9 bytes through the socket a round); off or unavailable: the Draft stream.
     drafter_shared: bool = True
-    # A round's results go to the streams' sender threads when the engine next waits for
-    # the device (after launching the next round), not as soon as they are read: the
-    # senders' GIL time then falls in that wait instead of in the next round's launch.
-    # Off until measured on the GPU (lease call 149; the lease that ran it was cut off).
-    send_at_wait: bool = False
     # GenerateMany also on this Unix socket (advertised in ModelInfo) for a gateway on this
     # host: the same messages without gRPC's ~100-150 us of CPU a message on each side.
     # "auto" = $TMPDIR/ddtree-verifier-<port>.sock, "off" = none.
@@ -190,12 +185,6 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "round state with it over its Unix socket: the draft half "
                              "runs there without features or trees through the host (on "
                              "by default; falls back to the Draft stream)")
-    parser.add_argument("--send-at-wait", action=argparse.BooleanOptionalAction,
-                        default=get("SEND_AT_WAIT", "0") != "0",
-                        help="hand a round's results to the GenerateMany senders when the "
-                             "engine next waits for the GPU or the drafter, so their GIL "
-                             "time overlaps that wait (off, the default until measured: as "
-                             "soon as they are read)")
     parser.add_argument("--generate-socket", default=get("GENERATE_SOCKET", "auto"),
                         help="GenerateMany also on this Unix socket for a gateway on this "
                              "host (advertised in GetModelInfo; 'auto' = one per port in the "

@@ -137,17 +137,10 @@ class Generation:
 
 class Scheduler:
     def __init__(self, engine: Engine, sessions: ClientSessions,
-                 session_idle_timeout_s: float, send_at_wait: bool = False) -> None:
+                 session_idle_timeout_s: float) -> None:
         self.engine = engine
         self.sessions = sessions
         self.session_idle_timeout_s = session_idle_timeout_s
-        # send_at_wait: a step's results reach the GenerateMany writers (`Outbox.flush`)
-        # when the engine next blocks on the device (`Engine.before_wait`), after it has
-        # launched the next round, or at the latest after the next step; else at once.
-        self.send_at_wait = send_at_wait
-        self._unflushed: set[Outbox] = set()  # engine thread only
-        if send_at_wait:
-            engine.before_wait = self._flush
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._generations: dict[str, Generation] = {}  # engine thread only
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -225,8 +218,6 @@ class Scheduler:
 
     def _run(self) -> None:
         while True:
-            if not self.engine.has_work:
-                self._flush()  # nothing will wait on the device before the next job
             for job in self._take_jobs(wait=not self.engine.has_work):
                 if job is None:
                     self._shutdown()
@@ -237,17 +228,12 @@ class Scheduler:
                 continue
             try:
                 # New rows' first tokens go out when read, before the step's round ends.
-                outputs = self.engine.step(early=self._deliver_now)
+                outputs = self.engine.step(early=self._deliver_all)
             except Exception as exc:  # a bug, not a request's fault: fail loudly, live on
                 log.exception("step_failed")
-                self._flush()
                 self._fail_all(exc)
                 continue
-            if self.send_at_wait:
-                self._flush()  # the last step's results, if this step never waited
-                self._unflushed = self._deliver_all(outputs)
-            else:
-                self._flush(self._deliver_all(outputs))
+            self._deliver_all(outputs)
 
     def _take_jobs(self, wait: bool) -> list[Callable[[], None] | None]:
         """Every queued job; blocks (a while) for the first one when there is no work."""
@@ -268,22 +254,13 @@ class Scheduler:
         self.engine.add_request(generation.request_id, generation.request)
         self._generations[generation.request_id] = generation
 
-    def _deliver_now(self, outputs: list[tuple[str, RoundResult]]) -> None:
-        """Results that go out at once (new rows' first tokens)."""
-        self._flush(self._deliver_all(outputs))
-
-    def _deliver_all(self, outputs: list[tuple[str, RoundResult]]) -> set[Outbox]:
-        """Hands each result to its generation; -> the GenerateMany outboxes to flush (each
-        stream's writer is woken once for all of them)."""
-        outboxes = (self._deliver(request_id, result) for request_id, result in outputs)
-        return {outbox for outbox in outboxes if outbox is not None}
-
-    def _flush(self, outboxes: set[Outbox] | None = None) -> None:
-        """Wakes the writers of `outboxes` (default: those a step left unflushed)."""
-        if outboxes is None:
-            outboxes, self._unflushed = self._unflushed, set()
+    def _deliver_all(self, outputs: list[tuple[str, RoundResult]]) -> None:
+        """Hands each result to its generation; each GenerateMany stream's writer is woken
+        once for all of them."""
+        outboxes = {self._deliver(request_id, result) for request_id, result in outputs}
         for outbox in outboxes:
-            outbox.flush()
+            if outbox is not None:
+                outbox.flush()
 
     def _deliver(self, request_id: str, result: RoundResult) -> Outbox | None:
         """-> the outbox to flush once the step's results are all in (None: nothing to)."""

@@ -164,8 +164,7 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
         drafter.connect(wait=True)  # not fatal: generations use ar without it
     engine = build_engine(config, target, drafter)
     sessions = ClientSessions(engine, config.max_budget)
-    scheduler = Scheduler(engine, sessions, config.session_idle_timeout_s,
-                          send_at_wait=config.send_at_wait)
+    scheduler = Scheduler(engine, sessions, config.session_idle_timeout_s)
     servicer = VerifierServicer(
         config, scheduler, sessions, model_info(config, target, engine.max_model_len), drafter
     )

@@ -136,10 +136,6 @@ class Engine:
         self._measured_batches: set[int] = set()  # batch buckets measured for the policy
         self._in_flight: InFlight | None = None
         self._last_round_end = 0.0  # when the host last saw a round complete
-        # Called right before the host blocks on the device for a round (a server hands
-        # its results to its sender threads there, so that their GIL time falls in the
-        # wait instead of in the host's work for the next round).
-        self.before_wait: Callable[[], None] | None = None
         # Alternating halves (a remote drafter, see `step`): each half's launched round,
         # each half's draft round asked for and not yet received, whose turn it is.
         self._flights: dict[int, InFlight] = {}
@@ -485,7 +481,6 @@ class Engine:
     def _complete(self, flight: InFlight) -> list[Output]:
         """Waits for a launched round and turns its output table into results."""
         if flight.done is not None:
-            self._waiting()
             flight.done.synchronize()
         finished = time.perf_counter()
         seconds = round_cost(flight.started, finished, self._last_round_end)
@@ -630,20 +625,13 @@ class Engine:
             for row in rows:  # their budget 0 before the draft reads it: roots alone
                 if row.slot in unknown:
                     self._stop_drafting(row)
-            self._waiting()  # for the drafter's trees
             if not drafting.draft(buffers):  # the drafter failed: roots alone, rows in ar
                 buffers.set_root_only(self.state.column(buffers.rows, BONUS))
                 for row in rows:
                     self._stop_drafting(row)
             return
         # A drafter outside the graphs (verifier_svc's RemoteDrafter) fills the trees itself.
-        self._waiting()
         cast(Any, drafting).propose(self, rows, buffers, sent)
-
-    def _waiting(self) -> None:
-        """The host is about to block (on the device or the drafter): `before_wait`."""
-        if self.before_wait is not None:
-            self.before_wait()
 
     def _replay(self, graph_key: Any, buffers: RoundBuffers, fn: Callable[[], Any]) -> Any:
         """Runs fn through its graph, capturing it first (on scratch rows) if needed."""
