@@ -36,13 +36,15 @@ from __future__ import annotations
 import contextlib
 import hmac
 import os
+import secrets
 import socket
 import stat
 import struct
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import structlog
@@ -185,16 +187,18 @@ class FrameReader:
             self._fill()
 
     def _split(self) -> list[bytes]:
-        frames, start, buffer = [], 0, self._buffer
-        while len(buffer) - start >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(buffer, start)
-            if length > MAX_FRAME_BYTES:
-                raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
-            end = start + _LENGTH.size + length
-            if end > len(buffer):
-                break
-            frames.append(bytes(buffer[start + _LENGTH.size:end]))
-            start = end
+        frames: list[bytes] = []
+        start, buffer = 0, self._buffer
+        with memoryview(buffer) as view:  # one copy a frame; released before the del
+            while len(buffer) - start >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(buffer, start)
+                if length > MAX_FRAME_BYTES:
+                    raise FrameError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+                end = start + _LENGTH.size + length
+                if end > len(buffer):
+                    break
+                frames.append(bytes(view[start + _LENGTH.size:end]))
+                start = end
         if start:
             del buffer[:start]
         return frames
@@ -240,7 +244,7 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float | None,
 HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long after connecting is closed
 
 
-class FrameServer:
+class FrameServer(ABC):
     """A Unix socket's listener: binds `path` (this user's only), admits a connection once
     its hello names `instance_id` with `token` and one of `prefixes`, at most
     `max_connections` at once (a connection past the bound is closed after its hello),
@@ -265,8 +269,9 @@ class FrameServer:
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
 
+    @abstractmethod
     def serve(self, conn: socket.socket, peer: str, prefix: bytes) -> None:
-        raise NotImplementedError
+        """One admitted connection, on its own thread, until it is done."""
 
     def admits(self, prefix: bytes) -> str:
         """Why a hello of `prefix` is refused, "" when it is not."""
@@ -389,6 +394,27 @@ class FrameServer:
                 return None
             self._connections.add(conn)
         return prefix
+
+
+S = TypeVar("S", bound=FrameServer)
+
+
+def start_server(configured: str, service: str, port: int, make: Callable[[str, str], S],
+                 failed_event: str) -> S | None:
+    """A service's socket server, started: `configured` is its path, "auto" (default_path
+    for `service` and its gRPC `port`) or "" (none); `make(path, instance_id)` builds it
+    with a fresh random id. A socket that cannot be bound (or an `auto` path too long) is
+    logged as `failed_event` and left out: clients then use gRPC."""
+    if not configured:
+        return None
+    path = default_path(service, port) if configured == "auto" else configured
+    try:
+        server = make(path, secrets.token_hex(16))
+        server.start()
+    except (OSError, ValueError) as exc:
+        structlog.get_logger(service).error(failed_event, path=path, error=str(exc))
+        return None
+    return server
 
 
 def remove_stale(path: str) -> None:

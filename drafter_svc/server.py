@@ -10,7 +10,6 @@ instead of waiting for a thread that never frees.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections import Counter
@@ -186,20 +185,13 @@ class DrafterServer:
 def _start_local_socket(config: DrafterServiceConfig, port: int, servicer: DrafterServicer,
                         info: drafter_pb2.DrafterInfo,
                         shared: SharedLinks | None) -> LocalDraftServer | None:
-    """The Draft stream's Unix socket (config.local_socket: "auto" = one per gRPC port in
-    the temporary directory, "" = none), advertised in `info`. A socket that cannot be
-    bound is logged and left out: verifiers then use the gRPC stream."""
-    if not config.local_socket:
-        return None
-    path = (draft_socket.default_path("drafter", port) if config.local_socket == "auto"
-            else config.local_socket)
-    instance_id = secrets.token_hex(16)
-    try:
-        local = LocalDraftServer(path, servicer, instance_id, config.security.token,
-                                 config.max_streams, shared)  # ValueError: an `auto` path too long
-        local.start()
-    except (OSError, ValueError) as exc:
-        log.error("drafter_local_socket_failed", path=path, error=str(exc))
-        return None
-    info.local_socket, info.instance_id = path, instance_id
+    """The Draft stream's Unix socket (config.local_socket), advertised in `info`."""
+    local = draft_socket.start_server(
+        config.local_socket, "drafter", port,
+        lambda path, instance_id: LocalDraftServer(path, servicer, instance_id,
+                                                   config.security.token, config.max_streams,
+                                                   shared),
+        "drafter_local_socket_failed")
+    if local is not None:
+        info.local_socket, info.instance_id = local.path, local.instance_id
     return local

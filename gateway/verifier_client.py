@@ -23,6 +23,7 @@ import concurrent.futures
 import contextlib
 import socket
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from typing import Any, TypeAlias, TypeVar
@@ -97,7 +98,7 @@ class StreamThread:
         self.loop.close()
 
 
-class _SharedBase:
+class _SharedBase(ABC):
     """The queues (on the gateway's loop) of the generations started on one shared stream,
     filled from the thread that reads the stream (`_arrive`); `on_read` is told each
     message's `sent_unix_s` as the gateway's loop takes it up. A transport fills in how
@@ -114,15 +115,18 @@ class _SharedBase:
         self._arrived: list[verifier_pb2.GenerateManyResponse] = []
         self._is_handing = False  # a hand-over is scheduled on the gateway's loop
 
+    @abstractmethod
     def start(self, message: verifier_pb2.GenerateManyRequest,
               queue: asyncio.Queue[Update]) -> None:
-        raise NotImplementedError
+        """Writes a generation's start; its messages (or its error) reach `queue`."""
 
+    @abstractmethod
     async def send(self, message: verifier_pb2.GenerateManyRequest) -> None:
-        raise NotImplementedError
+        """Writes a message (an abort) on the stream."""
 
+    @abstractmethod
     async def close(self) -> None:
-        raise NotImplementedError
+        """Ends the stream; returns once its end has reached the queues."""
 
     # ------------------------------------------------------------ on the reading thread
 

@@ -5,7 +5,6 @@ health, reflection)."""
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import threading
 import time
@@ -204,22 +203,16 @@ def build_server(config: VerifierServiceConfig) -> tuple[VerifierServer, int]:
 def _start_generate_socket(config: VerifierServiceConfig, port: int,
                            servicer: VerifierServicer, max_streams: int
                            ) -> LocalManyServer | None:
-    """GenerateMany's Unix socket (config.generate_socket: "auto" = one per gRPC port in
-    the temporary directory, "" = none), advertised in the servicer's ModelInfo. A socket
-    that cannot be bound is logged and left out: gateways then use the gRPC stream."""
-    if not config.generate_socket:
-        return None
-    path = (draft_socket.default_path("verifier", port) if config.generate_socket == "auto"
-            else config.generate_socket)
-    instance_id = secrets.token_hex(16)
-    try:
-        local = LocalManyServer(path, servicer, instance_id, config.security.token,
-                                max_streams)  # ValueError: an `auto` path too long
-        local.start()
-    except (OSError, ValueError) as exc:
-        log.error("verifier_generate_socket_failed", path=path, error=str(exc))
-        return None
-    servicer.model_info.local_socket, servicer.model_info.instance_id = path, instance_id
+    """GenerateMany's Unix socket (config.generate_socket), advertised in the servicer's
+    ModelInfo."""
+    local = draft_socket.start_server(
+        config.generate_socket, "verifier", port,
+        lambda path, instance_id: LocalManyServer(path, servicer, instance_id,
+                                                  config.security.token, max_streams),
+        "verifier_generate_socket_failed")
+    if local is not None:
+        info = servicer.model_info
+        info.local_socket, info.instance_id = local.path, local.instance_id
     return local
 
 
