@@ -1030,6 +1030,37 @@ with MpsServer('cuda', required=True) as mps:
   pack_all $1
   mark done
   ;;
+156)
+  # (after 0-3, g3b-g3e, carry .carry/g4) MPS's cost apart (lease 44: ar c8 in process as
+  # the only MPS client -1.2%, through serve beside the drafter -3.5%): a graph's replay
+  # and ar c8 in process without MPS, as the only client, beside an idle second client
+  # (a context holding 1 GB, as the drafter while ar is served), alternated twice; ar c8
+  # without PDL, without MPS and as a client; then call 155 (the drafter in the
+  # verifier's process, no MPS, through serve)
+  [ -f $T/config.json ] || stage_target
+  ar8() {  # tag [under_mps args]: ar c8 in process, 160 requests
+    local tag=$1; shift
+    mark "ar c8 in process: $tag"
+    if [ "$tag" = off ] || [ "$tag" = nopdl_off ]; then set -- env; else
+      set -- python3 scripts/gpu/under_mps.py "$@" --; fi
+    timeout 120 "$@" python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
+      --no-progress --json-out "$OUT/report_ar8_${tag}_$(date +%s).json" 2>&1 \
+      | grep -E "humaneval|MPS|rror"
+  }
+  mark "a graph's replay + copy + wait: without MPS, as the only client, beside an idle one"
+  python3 scripts/gpu/sync_latency.py
+  python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
+  python3 scripts/gpu/under_mps.py --idle-clients 1 -- python3 scripts/gpu/sync_latency.py
+  for round in 1 2; do
+    ar8 off
+    ar8 mps
+    ar8 mps_idle --idle-clients 1
+  done
+  DDTREE_PDL=0 ar8 nopdl_off
+  DDTREE_PDL=0 ar8 nopdl_mps
+  exec bash "$0" 155
+  ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with
   # the drafter in the verifier's process (no MPS), ar / tree@16 c8 once, then in process c8
