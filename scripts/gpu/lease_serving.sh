@@ -224,6 +224,7 @@ source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
 H=/tmp/HumanEval.jsonl.gz
 D=models/smollm2-135m-dflash
+R=/tmp/rand-target  # calls r156, r157: scripts/gpu/random_target.py from .carry/rand
 
 wait_healthy() {  # pid log
   for _ in $(seq 1 800); do
@@ -456,6 +457,35 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   kill $S; wait $S 2>/dev/null
   echo "drafter fallbacks: $(grep -c 'fallback' "$OUT/serve_$tag.log")"
   gzip -f "$OUT/serve_$tag.log"
+}
+
+mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS client -1.2%,
+  # through serve beside the drafter -3.5%): a graph's replay and ar c8 in process (160
+  # requests) without MPS, as the only client, beside an idle second client (a context
+  # holding 1 GB, as the drafter while ar is served), alternated twice; ar c8 without PDL,
+  # without MPS and as a client
+  ar8() {  # tag [under_mps args]: ar c8 in process, 160 requests
+    local tag=$1; shift
+    mark "ar c8 in process: $tag"
+    if [ "$tag" = off ] || [ "$tag" = nopdl_off ]; then set -- env; else
+      set -- python3 scripts/gpu/under_mps.py "$@" --; fi
+    timeout 120 "$@" python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
+      --no-progress --json-out "$OUT/report_ar8_${tag}_$(date +%s).json" 2>&1 \
+      | grep -E "humaneval|MPS|rror"
+  }
+  mark "a graph's replay + copy + wait: without MPS, as the only client, beside an idle one"
+  python3 scripts/gpu/sync_latency.py
+  python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
+  python3 scripts/gpu/under_mps.py --idle-clients 1 -- python3 scripts/gpu/sync_latency.py
+  local round
+  for round in 1 2; do
+    ar8 off
+    ar8 mps
+    ar8 mps_idle --idle-clients 1
+  done
+  DDTREE_PDL=0 ar8 nopdl_off
+  DDTREE_PDL=0 ar8 nopdl_mps
 }
 
 pack_all() {  # call: every JSON report and trace under $OUT gzipped, then all of $OUT in
@@ -1031,35 +1061,40 @@ with MpsServer('cuda', required=True) as mps:
   mark done
   ;;
 156)
-  # (after 0-3, g3b-g3e, carry .carry/g4) MPS's cost apart (lease 44: ar c8 in process as
-  # the only MPS client -1.2%, through serve beside the drafter -3.5%): a graph's replay
-  # and ar c8 in process without MPS, as the only client, beside an idle second client
-  # (a context holding 1 GB, as the drafter while ar is served), alternated twice; ar c8
-  # without PDL, without MPS and as a client; then call 155 (the drafter in the
-  # verifier's process, no MPS, through serve)
+  # (after 0-3, g3b-g3e, carry .carry/g4) mps_apart on the demo target, then call 155 (the
+  # drafter in the verifier's process, no MPS, through serve)
   [ -f $T/config.json ] || stage_target
-  ar8() {  # tag [under_mps args]: ar c8 in process, 160 requests
-    local tag=$1; shift
-    mark "ar c8 in process: $tag"
-    if [ "$tag" = off ] || [ "$tag" = nopdl_off ]; then set -- env; else
-      set -- python3 scripts/gpu/under_mps.py "$@" --; fi
-    timeout 120 "$@" python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
-      --no-progress --json-out "$OUT/report_ar8_${tag}_$(date +%s).json" 2>&1 \
-      | grep -E "humaneval|MPS|rror"
-  }
-  mark "a graph's replay + copy + wait: without MPS, as the only client, beside an idle one"
-  python3 scripts/gpu/sync_latency.py
-  python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
-  python3 scripts/gpu/under_mps.py --idle-clients 1 -- python3 scripts/gpu/sync_latency.py
-  for round in 1 2; do
-    ar8 off
-    ar8 mps
-    ar8 mps_idle --idle-clients 1
-  done
-  DDTREE_PDL=0 ar8 nopdl_off
-  DDTREE_PDL=0 ar8 nopdl_mps
+  mps_apart
   exec bash "$0" 155
+  ;;
+r156)
+  # (carry .whl and .carry/rand alone: no staging) mps_apart on a random-weight target of
+  # the demo's shapes (scripts/gpu/random_target.py: its ar steps cost what the demo's
+  # do; no EOS, so every request runs its 256 tokens)
+  T=$R
+  [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
+  mps_apart
+  pack_all $1
+  mark done
+  ;;
+r157)
+  # (warm after r156, carry .carry/rand) ar c8 through `ddtree serve` on the random
+  # target: as MPS clients (the default), without MPS, the drafter in the verifier's
+  # process (no MPS); each twice, then ar c8 in process
+  T=$R
+  [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
+  for setting in mps off colocated; do
+    mark "serve: $setting"
+    DDTREE_MPS=$([ $setting = mps ] && echo auto || echo off) \
+      SERVE_ARGS="$([ $setting = colocated ] && echo --colocate-drafter) --budget 16 --max-budget 16 --max-num-seqs 8" \
+      setting_runs $setting ar:1:8 ar:1:8 || exit 3
+  done
+  mark "ar c8 in process, 160 requests"
+  timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
+    --no-progress --json-out "$OUT/report_inprocess.json" 2>&1 | grep humaneval
+  pack_all $1
+  mark done
   ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with

@@ -4,6 +4,8 @@
 #   .whl         the wheels the GPU host lacks (scripts/gpu/lease_env.sh's list) plus pytest
 #                (the kernels' tests on the GPU: DDTREE_TEST_DEVICE=cuda) and py-spy
 #   .carry/spec  the spec-bench JSONL (../shared/prompts/spec_bench)
+#   .carry/rand  the demo target's config and tokenizer (gzipped) and HumanEval: calls r156 /
+#                r157 build a random-weight target of its shapes on the host (no staging)
 #   .carry/g0    part0: the first 1,000,000 bytes of the demo target's GGUF (beside the wheels)
 #   .carry/g1, g2, g3, g3b, g3c, g3d, g3e, g4   part1, part2, part3, part3b, part3c, part3d,
 #                part3e, part4: the rest in eight ~12 MB pieces (g1 also HumanEval.jsonl.gz).
@@ -57,11 +59,21 @@ for name in 1 2 3 3b 3c 3d 3e 4; do
 done
 [ ! -e "$work/piece08" ] || { echo "the GGUF split into more than nine parts"; exit 1; }
 du -sh .whl .carry/*
+# the random target's source (scripts/gpu/random_target.py), from the converted demo target
+demo=$($PY -c "from ddtree.demo.pull import pull_smollm2; print(pull_smollm2(progress=False))" \
+  | tail -1)
+mkdir -p .carry/rand
+cp "$demo"/config.json "$demo"/tokenizer_config.json "$demo"/chat_template.jinja \
+  "$demo"/generation_config.json .carry/g1/HumanEval.jsonl.gz .carry/rand/
+gzip -9 -c "$demo/tokenizer.json" > .carry/rand/tokenizer.json.gz
+
 # The fullest call: the tracked files (they all travel) and the biggest part with its extras
 repo=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 part=$(du -sb .carry/g* | sort -n | tail -1 | cut -f1)
 call0=$(( $(du -sb .whl | cut -f1) + $(du -sb .carry/g0 | cut -f1) ))
 [ "$call0" -gt "$part" ] && part=$call0
+rand=$(( $(du -sb .whl | cut -f1) + $(du -sb .carry/rand | cut -f1) ))
+[ "$rand" -gt "$part" ] && part=$rand
 echo "fullest call: $(( (repo + part) / 1000000 )) MB of $(( 67108864 / 1000000 )) MB"
 # 1 MB of room kept: the device counted a call of 66.8 MB (by this sum) as over 64 MiB
 [ $(( repo + part )) -lt 66000000 ] || { echo "within 1 MB of 64 MiB: cut the GGUF finer"; exit 1; }
