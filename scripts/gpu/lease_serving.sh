@@ -484,6 +484,7 @@ mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS cl
     ar8 mps
     ar8 mps_idle --idle-clients 1
   done
+  ar8 mps_idle25 --idle-clients 1 --idle-percentage 25  # the idle client held to 25% of the SMs
   DDTREE_PDL=0 ar8 nopdl_off
   DDTREE_PDL=0 ar8 nopdl_mps
 }

@@ -27,6 +27,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--idle-clients", type=int, default=0)
     parser.add_argument("--idle-bytes", type=int, default=1 << 30)
+    parser.add_argument("--idle-percentage", type=int, default=0,
+                        help="the idle clients' CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (0: unset)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -34,7 +36,10 @@ def main() -> int:
         parser.error("a command to run")
     with MpsServer("cuda", required=True) as mps:
         env = {**os.environ, **mps.env}
-        idle = [subprocess.Popen([sys.executable, "-c", IDLE, str(args.idle_bytes)], env=env,
+        idle_env = dict(env)
+        if args.idle_percentage:
+            idle_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(args.idle_percentage)
+        idle = [subprocess.Popen([sys.executable, "-c", IDLE, str(args.idle_bytes)], env=idle_env,
                                  stdout=subprocess.PIPE, text=True)
                 for _ in range(args.idle_clients)]
         try:
