@@ -462,8 +462,8 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
 mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS client -1.2%,
   # through serve beside the drafter -3.5%): a graph's replay and ar c8 in process (160
   # requests) without MPS, as the only client, beside an idle second client (a context
-  # holding 1 GB, as the drafter while ar is served), alternated twice; ar c8 without PDL,
-  # without MPS and as a client
+  # holding 1 GB, as the drafter while ar is served; or held to 25% of the SMs), in one
+  # order then the other; with MPS_NOPDL=1 ar c8 without PDL, without MPS and as a client
   ar8() {  # tag [under_mps args]: ar c8 in process, 160 requests
     local tag=$1; shift
     mark "ar c8 in process: $tag"
@@ -478,15 +478,17 @@ mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS cl
   python3 scripts/gpu/sync_latency.py
   python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
   python3 scripts/gpu/under_mps.py --idle-clients 1 -- python3 scripts/gpu/sync_latency.py
-  local round
-  for round in 1 2; do
-    ar8 off
-    ar8 mps
-    ar8 mps_idle --idle-clients 1
-  done
+  ar8 off
+  ar8 mps
+  ar8 mps_idle --idle-clients 1
   ar8 mps_idle25 --idle-clients 1 --idle-percentage 25  # the idle client held to 25% of the SMs
-  DDTREE_PDL=0 ar8 nopdl_off
-  DDTREE_PDL=0 ar8 nopdl_mps
+  ar8 mps_idle --idle-clients 1  # the first three again, the other way round
+  ar8 mps
+  ar8 off
+  if [ "${MPS_NOPDL:-0}" = 1 ]; then
+    DDTREE_PDL=0 ar8 nopdl_off
+    DDTREE_PDL=0 ar8 nopdl_mps
+  fi
 }
 
 pack_all() {  # call: every JSON report and trace under $OUT gzipped, then all of $OUT in
