@@ -478,13 +478,15 @@ mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS cl
   python3 scripts/gpu/sync_latency.py
   python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
   python3 scripts/gpu/under_mps.py --idle-clients 1 -- python3 scripts/gpu/sync_latency.py
-  ar8 off
-  ar8 mps
-  ar8 mps_idle --idle-clients 1
-  ar8 mps_idle25 --idle-clients 1 --idle-percentage 25  # the idle client held to 25% of the SMs
-  ar8 mps_idle --idle-clients 1  # the first three again, the other way round
-  ar8 mps
-  ar8 off
+  # MPS_RUNS cuts the list (a small budget: "off mps mps_idle")
+  local run
+  for run in ${MPS_RUNS:-off mps mps_idle mps_idle25 mps_idle mps off}; do
+    case $run in  # mps_idle25: the idle client held to 25% of the SMs
+      mps_idle) ar8 mps_idle --idle-clients 1 ;;
+      mps_idle25) ar8 mps_idle25 --idle-clients 1 --idle-percentage 25 ;;
+      *) ar8 $run ;;
+    esac
+  done
   if [ "${MPS_NOPDL:-0}" = 1 ]; then
     DDTREE_PDL=0 ar8 nopdl_off
     DDTREE_PDL=0 ar8 nopdl_mps
