@@ -218,7 +218,14 @@
 #           27, after 0-3) and 95 (lease 28, stages when fresh) the Draft stream over the
 #           drafter's Unix socket against gRPC through `ddtree serve`, both orders, and in process;
 #           call 96 (lease 29, after 0-3) py-spy on both at tree@16 c8 once traffic runs
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|96   (results under $OUT; 61-63, 65 gone)
+#   calls 97-155: each one's comment below says what it measures and what it follows
+#   calls r156, r157 (thirty-seventh session; no staging: carry .whl and .carry/rand, ~0.7
+#           MB, the demo target's config and tokenizer) a random-weight target of the demo's
+#           shapes built on the host (scripts/gpu/random_target.py): MPS's cost apart in
+#           process (r156: without MPS, as the only client, beside an idle client;
+#           scripts/gpu/under_mps.py), then ar c8 through `ddtree serve` as MPS clients,
+#           without MPS and colocated (r157, warm after r156)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
