@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
@@ -34,6 +35,8 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command to run")
+    # a `timeout` around this script: the idle clients and the server go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with MpsServer("cuda", required=True) as mps:
         env = {**os.environ, **mps.env}
         idle_env = dict(env)
