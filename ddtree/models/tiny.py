@@ -112,7 +112,7 @@ def build_target(family: Family, seed: int, eos_token_id: int, pad_token_id: int
     else:  # Qwen3-like: untied, q/k norms, eps 1e-6, theta 1e6
         model = Qwen3ForCausalLM(Qwen3Config(**common, tie_word_embeddings=False,
                                              rms_norm_eps=1e-6, rope_parameters=_rope(1e6)))
-    _init_weights(model, torch.Generator().manual_seed(seed), EMBED_STD, LINEAR_GAIN)
+    init_weights(model, torch.Generator().manual_seed(seed), EMBED_STD, LINEAR_GAIN)
     return model.eval()
 
 
@@ -133,7 +133,7 @@ def build_drafter(target_config: dict, seed: int, mask_token_id: int | None) -> 
     )
     drafter = DFlashDrafter(config)
     # A different stream from the target's, so the drafter is not a function of its weights.
-    _init_weights(drafter, torch.Generator().manual_seed(seed + 1), EMBED_STD, DRAFT_LINEAR_GAIN)
+    init_weights(drafter, torch.Generator().manual_seed(seed + 1), EMBED_STD, DRAFT_LINEAR_GAIN)
     return drafter.eval()
 
 
@@ -142,7 +142,7 @@ def _rope(theta: float) -> dict:
 
 
 @torch.no_grad()
-def _init_weights(model: nn.Module, generator: torch.Generator, embed_std: float,
+def init_weights(model: nn.Module, generator: torch.Generator, embed_std: float,
                   gain: float) -> None:
     """Matrices: embeddings / LM head std `embed_std`, linear layers `gain / sqrt(fan_in)`;
     the `mask_embedding` vector like an embedding row; norm weights stay 1."""

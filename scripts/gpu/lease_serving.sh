@@ -466,21 +466,23 @@ serve_ahead() {  # ahead "mode:budget:c ..." [context_graphs 0|1]: `ddtree serve
   gzip -f "$OUT/serve_$tag.log"
 }
 
+ar8() {  # tag [under_mps.py args]: ar c8 in process, 160 requests (report_ar8_<tag>_*);
+  # tags off / nopdl_off run without MPS, the others under scripts/gpu/under_mps.py
+  local tag=$1; shift
+  mark "ar c8 in process: $tag"
+  if [ "$tag" = off ] || [ "$tag" = nopdl_off ]; then set -- env; else
+    set -- python3 scripts/gpu/under_mps.py "$@" --; fi
+  timeout 120 "$@" python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+    --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
+    --no-progress --json-out "$OUT/report_ar8_${tag}_$(date +%s).json" 2>&1 \
+    | grep -E "humaneval|MPS|rror"
+}
+
 mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS client -1.2%,
   # through serve beside the drafter -3.5%): a graph's replay and ar c8 in process (160
   # requests) without MPS, as the only client, beside an idle second client (a context
   # holding 1 GB, as the drafter while ar is served; or held to 25% of the SMs), in one
   # order then the other; with MPS_NOPDL=1 ar c8 without PDL, without MPS and as a client
-  ar8() {  # tag [under_mps args]: ar c8 in process, 160 requests
-    local tag=$1; shift
-    mark "ar c8 in process: $tag"
-    if [ "$tag" = off ] || [ "$tag" = nopdl_off ]; then set -- env; else
-      set -- python3 scripts/gpu/under_mps.py "$@" --; fi
-    timeout 120 "$@" python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
-      --no-progress --json-out "$OUT/report_ar8_${tag}_$(date +%s).json" 2>&1 \
-      | grep -E "humaneval|MPS|rror"
-  }
   mark "a graph's replay + copy + wait: without MPS, as the only client, beside an idle one"
   python3 scripts/gpu/sync_latency.py
   python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
@@ -1044,29 +1046,15 @@ PY
   [ -f $T/config.json ] || stage_target
   mark "a graph's replay + copy + event wait, without MPS, then as an MPS client"
   python3 scripts/gpu/sync_latency.py
-  python3 -c "import os, subprocess, sys
-from ddtree.mps import MpsServer
-with MpsServer('cuda', required=True) as mps:
-    sys.exit(subprocess.run(sys.argv[1:], env={**os.environ, **mps.env}).returncode)" \
-    python3 scripts/gpu/sync_latency.py
+  python3 scripts/gpu/under_mps.py -- python3 scripts/gpu/sync_latency.py
   for round in 1 2; do
     for mps in off on; do
       mark "in process, MPS $mps ($round)"
-      if [ $mps = on ]; then
-        python3 -c "import os, subprocess, sys
-from ddtree.mps import MpsServer
-with MpsServer('cuda', required=True) as mps:
-    sys.exit(subprocess.run(sys.argv[1:], env={**os.environ, **mps.env}).returncode)" \
-          timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-          --num-prompts 160 --num-requests 160 --modes ar,tree --budgets 16 --concurrency 8 \
-          --max-tokens 256 --no-progress --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 \
-          | grep -E "humaneval|MPS|rror"
-      else
-        timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-          --num-prompts 160 --num-requests 160 --modes ar,tree --budgets 16 --concurrency 8 \
-          --max-tokens 256 --no-progress --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 \
-          | grep -E "humaneval|rror"
-      fi
+      wrap=env; [ $mps = on ] && wrap="python3 scripts/gpu/under_mps.py --"
+      $wrap timeout 150 python3 -m ddtree.cli bench --target $T --drafter $D \
+        --prompts humaneval --num-prompts 160 --num-requests 160 --modes ar,tree --budgets 16 \
+        --concurrency 8 --max-tokens 256 --no-progress \
+        --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 | grep -E "humaneval|MPS|rror"
     done
   done
   pack_all $1
@@ -1101,10 +1089,7 @@ r157)
       SERVE_ARGS="$([ $setting = colocated ] && echo --colocate-drafter) --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8 || exit 3
   done
-  mark "ar c8 in process, 160 requests"
-  timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-    --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 --max-tokens 256 \
-    --no-progress --json-out "$OUT/report_inprocess.json" 2>&1 | grep humaneval
+  ar8 off
   pack_all $1
   mark done
   ;;
