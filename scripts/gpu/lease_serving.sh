@@ -224,7 +224,8 @@
 #           shapes built on the host (scripts/gpu/random_target.py): MPS's cost apart in
 #           process (r156: without MPS, as the only client, beside an idle client;
 #           scripts/gpu/under_mps.py), then ar c8 through `ddtree serve` as MPS clients,
-#           without MPS and colocated (r157, warm after r156)
+#           without MPS, colocated, and with no drafter (`--mode ar`) as the only MPS
+#           client and without MPS (r157, warm after r156)
 # Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
@@ -1080,13 +1081,20 @@ r156)
 r157)
   # (warm after r156, carry .carry/rand) ar c8 through `ddtree serve` on the random
   # target: as MPS clients (the default), without MPS, the drafter in the verifier's
-  # process (no MPS); each twice, then ar c8 in process
+  # process (no MPS), no drafter at all (`--mode ar`) as the only MPS client (solo_mps)
+  # and without MPS (solo); each twice, then ar c8 in process. R157_SETTINGS cuts the list.
   T=$R
   [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
-  for setting in mps off colocated; do
+  for setting in ${R157_SETTINGS:-mps off colocated solo_mps solo}; do
     mark "serve: $setting"
-    DDTREE_MPS=$([ $setting = mps ] && echo auto || echo off) \
-      SERVE_ARGS="$([ $setting = colocated ] && echo --colocate-drafter) --budget 16 --max-budget 16 --max-num-seqs 8" \
+    case $setting in
+      mps) mps=auto extra="" ;;
+      off) mps=off extra="" ;;
+      colocated) mps=off extra=--colocate-drafter ;;
+      solo_mps) mps=on extra="--mode ar" ;;
+      solo) mps=off extra="--mode ar" ;;
+    esac
+    DDTREE_MPS=$mps SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8 || exit 3
   done
   ar8 off
