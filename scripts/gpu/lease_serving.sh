@@ -1097,7 +1097,7 @@ r157)
     DDTREE_MPS=$mps SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8 || exit 3
   done
-  ar8 off
+  [ "${R157_INPROCESS:-1}" = 1 ] && ar8 off  # R157_INPROCESS=0: serve alone (a small budget)
   pack_all $1
   mark done
   ;;
