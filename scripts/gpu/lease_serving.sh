@@ -226,7 +226,8 @@
 #           scripts/gpu/under_mps.py), then ar c8 through `ddtree serve` as MPS clients,
 #           without MPS, colocated, and with no drafter (`--mode ar`) as the only MPS
 #           client and without MPS (r157, warm after r156)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157   (results under $OUT)
+#   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1100,6 +1101,14 @@ r157)
   [ "${R157_INPROCESS:-1}" = 1 ] && ar8 off  # R157_INPROCESS=0: serve alone (a small budget)
   pack_all $1
   mark done
+  ;;
+r158)
+  # (carry .whl and .carry/rand: no staging) r156 and r157 cut to fit one call (~8 min
+  # with the setup: ~25 s a serve start, ~12 s a run), so that one machine start answers
+  # both when starts keep failing: in process off / mps / mps_idle / mps / off, then
+  # through serve mps / solo_mps / off / colocated (twice each) and in process
+  MPS_RUNS="${MPS_RUNS:-off mps mps_idle mps off}" bash "$0" r156 || exit 3
+  R157_SETTINGS="${R157_SETTINGS:-mps solo_mps off colocated}" exec bash "$0" r157
   ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with
