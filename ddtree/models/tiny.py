@@ -143,7 +143,7 @@ def _rope(theta: float) -> dict:
 
 @torch.no_grad()
 def init_weights(model: nn.Module, generator: torch.Generator, embed_std: float,
-                  gain: float) -> None:
+                 gain: float) -> None:
     """Matrices: embeddings / LM head std `embed_std`, linear layers `gain / sqrt(fan_in)`;
     the `mask_embedding` vector like an embedding row; norm weights stay 1."""
     for name, param in model.named_parameters():
