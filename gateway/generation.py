@@ -262,15 +262,17 @@ def fallback_stats(
     )
 
 
-async def merge(
+def merge(
     streams: Sequence[AsyncGenerator[ChoiceDelta, None]],
 ) -> AsyncGenerator[ChoiceDelta, None]:
-    """Interleaves several choices' events as they come; the first error cancels all."""
-    if len(streams) == 1:
-        async with aclosing(streams[0]) as only:
-            async for delta in only:
-                yield delta
-        return
+    """Interleaves several choices' events as they come; the first error cancels all. One
+    choice's events are its own generator (no layer between it and the response)."""
+    return streams[0] if len(streams) == 1 else _interleave(streams)
+
+
+async def _interleave(
+    streams: Sequence[AsyncGenerator[ChoiceDelta, None]],
+) -> AsyncGenerator[ChoiceDelta, None]:
     queue: asyncio.Queue[ChoiceDelta | BaseException | None] = asyncio.Queue()
 
     async def pump(stream: AsyncGenerator[ChoiceDelta, None]) -> None:

@@ -80,6 +80,31 @@ def observe_many(child: Any, observations: list[tuple[float, int]]) -> None:
             buckets[i].inc(count)
 
 
+class _Batched:
+    """One histogram child's per-message and per-event observations, added in bulk
+    (`observe_many`: one bisect a value, one increment a bucket) when `FLUSH_EVERY` are
+    waiting, a choice ends or /metrics is rendered: a prometheus_client `observe` scans
+    the buckets and takes two locks, twice an event at ar c8 (~8,000 events a second on
+    the gateway's loop)."""
+
+    FLUSH_EVERY = 256
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.values: list[tuple[float, int]] = []
+
+    def since(self, sent_unix_s: float) -> None:
+        if sent_unix_s > 0:
+            self.values.append((max(0.0, time.time() - sent_unix_s), 1))
+            if len(self.values) >= self.FLUSH_EVERY:
+                self.flush()
+
+    def flush(self) -> None:
+        values, self.values = self.values, []
+        if values:
+            observe_many(self.child, values)
+
+
 def vllm_alias(metric: Metric) -> Metric:
     """The same family under vLLM's name."""
     name = VLLM_PREFIX + metric.name[len(PREFIX):]
@@ -219,9 +244,9 @@ class Metrics:
         # Their children, labelled once: observed per message and per event (the
         # inter-token latency per token, at the request's end)
         self._itl = self.itl.labels(model_name)
-        self._read = self.read.labels(model_name)
-        self._hop = self.hop.labels(model_name)
-        self._delivery = self.delivery.labels(model_name)
+        self._read = _Batched(self.read.labels(model_name))
+        self._hop = _Batched(self.hop.labels(model_name))
+        self._delivery = _Batched(self.delivery.labels(model_name))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Completion tokens returned.")
         self.request_success = counter("request_success", "Finished choices (abort: the "
@@ -240,16 +265,21 @@ class Metrics:
 
     def render(self, engine: verifier_pb2.EngineStats | None = None) -> bytes:
         """The exposition text; `engine`: the verifier's GetStats of this scrape."""
+        self._flush()
         self._exposition.snapshot = engine  # no await between this and the render
         try:
             return generate_latest(self._export)
         finally:
             self._exposition.snapshot = None
 
+    def _flush(self) -> None:
+        for batched in (self._read, self._hop, self._delivery):
+            batched.flush()
+
     def observe_read(self, sent_unix_s: float) -> None:
         """A shared-stream message taken up by the event loop now (`sent_unix_s`: when
         the verifier built it; 0 from a verifier that does not say)."""
-        self._since(self._read, sent_unix_s)
+        self._read.since(sent_unix_s)
 
     def observe_prepare(self, seconds: float) -> None:
         self.prepare.labels(self.model_name).observe(seconds)
@@ -267,16 +297,11 @@ class Metrics:
 
     def observe_hop(self, sent_unix_s: float) -> None:
         """A generation's message taken up by its consumer now."""
-        self._since(self._hop, sent_unix_s)
+        self._hop.since(sent_unix_s)
 
     def observe_delivery(self, sent_unix_s: float) -> None:
         """An event written to the client now, carrying a message built at `sent_unix_s`."""
-        self._since(self._delivery, sent_unix_s)
-
-    @staticmethod
-    def _since(histogram: Histogram, sent_unix_s: float) -> None:
-        if sent_unix_s > 0:
-            histogram.observe(max(0.0, time.time() - sent_unix_s))
+        self._delivery.since(sent_unix_s)
 
     def observe_rejected(self, status: int) -> None:
         self.request_rejected.labels(self.model_name, str(status)).inc()
@@ -298,6 +323,7 @@ class Metrics:
         self.prompt_tokens.labels(model).inc(num_prompt_tokens)
         self.generation_tokens.labels(model).inc(num_completion_tokens)
         self.e2e.labels(model).observe(e2e_s)
+        self._flush()  # what waits is other live generations' (another process scrapes)
 
     def observe_stats(self, stats: common_pb2.SpecStats) -> None:
         model = self.model_name

@@ -3,8 +3,10 @@ chunks, exact usage, and the per-request speculation stats (`ddtree_stats`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from ddtree.v1 import common_pb2
@@ -58,6 +60,18 @@ class Formatter:
         # Completions' text offsets run across a choice's chunks.
         self._offsets = {i: CompletionLogprobs(names) for i in range(len(plan.requests))}
         self._started: set[int] = set()
+        # The common stream chunk (text only: no logprobs, reasoning or token ids) is
+        # written around its text instead of built as a dict and dumped: the same bytes
+        # (tests compare them), ~10 us less of the gateway's loop an event.
+        output = plan.output
+        self._is_plain = not (output.is_logprobs or output.is_reasoning
+                              or output.return_token_ids)
+        head = json.dumps({"id": self.id, "object": f"{self.object}.chunk" if is_chat
+                           else self.object, "created": self.created, "model": plan.model},
+                          ensure_ascii=False, separators=(",", ":"))
+        self._head = f'data: {head[:-1]},"choices":[{{"index":'
+        self._text_key = ',"delta":{"content":' if is_chat else ',"text":'
+        self._text_end = '}' if is_chat else ''
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.plan.model,
@@ -101,6 +115,19 @@ class Formatter:
         if so_far is not None:
             body["usage"] = usage(self.plan, so_far)
         return body
+
+    def chunk_event(self, delta: ChoiceDelta,
+                    so_far: Sequence[ChoiceResult] | None = None) -> bytes:
+        """`chunk` as its server-sent event (`data: <json>` and the blank line)."""
+        if (self._is_plain and so_far is None and not delta.reasoning
+                and (delta.index in self._started or self.plan.kind != "chat")):
+            finish = delta.finish_reason
+            return (f'{self._head}{delta.index}{self._text_key}'
+                    f'{encode_basestring(delta.content)}{self._text_end},"logprobs":null,'
+                    f'"finish_reason":{"null" if finish is None else encode_basestring(finish)}'
+                    '}]}\n\n').encode()
+        body = json.dumps(self.chunk(delta, so_far), ensure_ascii=False, separators=(",", ":"))
+        return b"data: " + body.encode() + b"\n\n"
 
     def usage_chunk(self, results: Sequence[ChoiceResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.plan.kind == "chat" else "text_completion"

@@ -46,7 +46,7 @@ async def events(
     resumes this generator only then)."""
 
     def chunk(delta: ChoiceDelta) -> bytes:
-        return sse(formatter.chunk(delta, so_far() if so_far is not None else None))
+        return formatter.chunk_event(delta, so_far() if so_far is not None else None)
 
     async with aclosing(rest):
         try:

@@ -227,7 +227,8 @@
 #           without MPS, colocated, and with no drafter (`--mode ar`) as the only MPS
 #           client and without MPS (r157, warm after r156)
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158   (results under $OUT)
+#   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1094,8 +1095,14 @@ r157)
       colocated) mps=off extra=--colocate-drafter ;;
       solo_mps) mps=on extra="--mode ar" ;;
       solo) mps=off extra="--mode ar" ;;
+      mps_base) mps=auto extra="" ;;  # call r159: the gateway package of .basegw
+      off_base) mps=off extra="" ;;
     esac
-    DDTREE_MPS=$mps SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
+    path=$PYTHONPATH
+    case $setting in *_base) path=$PWD/.basegw:$PYTHONPATH ;; esac
+    PYTHONPATH=$path python3 -c 'import gateway; print("gateway from", gateway.__file__)'
+    PYTHONPATH=$path DDTREE_MPS=$mps \
+      SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8 || exit 3
   done
   [ "${R157_INPROCESS:-1}" = 1 ] && ar8 off  # R157_INPROCESS=0: serve alone (a small budget)
@@ -1109,6 +1116,15 @@ r158)
   # through serve mps / solo_mps / off / colocated (twice each) and in process
   MPS_RUNS="${MPS_RUNS:-off mps mps_idle mps off}" bash "$0" r156 || exit 3
   R157_SETTINGS="${R157_SETTINGS:-mps solo_mps off colocated}" exec bash "$0" r157
+  ;;
+r159)
+  # (carry .whl and .carry/rand: no staging; thirty-ninth session) the gateway's event
+  # loop near a full core at ar c8 (lease 45: 4.3 s of CPU over a 4.4 s run): ar c8
+  # through serve with this checkout's gateway against an earlier one's (its `gateway`
+  # package copied to .basegw/, untracked: `git archive <commit> gateway | tar x -C
+  # .basegw`), as MPS clients and without MPS, alternated; then in process
+  [ -d .basegw/gateway ] || { echo "no .basegw/gateway"; exit 3; }
+  R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
   ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with
