@@ -1098,12 +1098,16 @@ r157)
       mps_base) mps=auto extra="" ;;  # call r159: the gateway package of .basegw
       off_base) mps=off extra="" ;;
     esac
-    path=$PYTHONPATH
-    case $setting in *_base) path=$PWD/.basegw:$PYTHONPATH ;; esac
-    PYTHONPATH=$path python3 -c 'import gateway; print("gateway from", gateway.__file__)'
-    PYTHONPATH=$path DDTREE_MPS=$mps \
-      SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
-      setting_runs $setting ar:1:8 ar:1:8 || exit 3
+    # *_base: .basegw's gateway package in place of this one while that serve runs (the
+    # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
+    case $setting in *_base) mv gateway .gateway_now && cp -r .basegw/gateway gateway ;; esac
+    python3 -c 'import gateway.responses as r
+print("gateway:", "this checkout" if hasattr(r.Formatter, "chunk_event") else "earlier")'
+    DDTREE_MPS=$mps SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
+      setting_runs $setting ar:1:8 ar:1:8
+    rc=$?
+    case $setting in *_base) rm -rf gateway && mv .gateway_now gateway ;; esac
+    [ $rc = 0 ] || exit 3
   done
   [ "${R157_INPROCESS:-1}" = 1 ] && ar8 off  # R157_INPROCESS=0: serve alone (a small budget)
   pack_all $1
