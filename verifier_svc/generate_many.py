@@ -12,7 +12,6 @@ The same stream runs over the verifier's Unix socket for a gateway on this host
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
@@ -30,10 +29,6 @@ log = structlog.get_logger("verifier_svc")
 Respond = Callable[[list[RoundResult], GenerationStats | None, verifier_pb2.GenerateResponse,
                    float], verifier_pb2.GenerateResponse]
 Convert = Callable[[verifier_pb2.GenerateRequest], GenerationRequest]
-
-# The engine thread builds each step's message when it flushes (`Outbox`'s `build`); "0":
-# the stream's writer builds it
-BUILD_AT_FLUSH = os.environ.get("DDTREE_BUILD_AT_FLUSH", "1") != "0"
 
 
 class _Refused(Exception):
@@ -53,7 +48,7 @@ class ManyStream:
                  peer: str) -> None:
         self.scheduler, self.convert, self.respond = scheduler, convert, respond
         self.peer = peer
-        self.outbox = Outbox(self._message if BUILD_AT_FLUSH else None)
+        self.outbox = Outbox()
         self._lock = threading.Lock()  # guards `_live` (reader thread vs writer)
         self._live: dict[str, Generation] = {}
         self._reading = True  # the client may still start generations
@@ -66,16 +61,10 @@ class ManyStream:
                                   name="generate-many-reader")
         reader.start()
         while is_active():
-            if BUILD_AT_FLUSH:
-                messages = self.outbox.take_built(timeout_s=1.0)
-                yield from messages  # type: ignore[misc]
-                if messages:
-                    continue
-            else:
-                items = self.outbox.take(timeout_s=1.0)
-                if items:
-                    yield self._message(items)
-                    continue
+            items = self.outbox.take(timeout_s=1.0)
+            if items:
+                yield self._message(items)
+                continue
             with self._lock:
                 if not self._reading and not self._live:
                     return  # the client half-closed and every generation ended

@@ -54,20 +54,11 @@ Item = RoundResult | BaseException
 class Outbox:
     """What the engine thread hands one GenerateMany stream: every generation's results
     and ends, in order, released to the stream's writer once per step (`flush`), so that
-    the writer sends one message for all the rows of a round.
+    the writer sends one message for all the rows of a round."""
 
-    With `build`, the flushing thread (the engine thread, once per step) turns what waits
-    into the message itself and the writer only sends it: the message's ~130 us of Python
-    (lease 46, ar c8) then runs between the engine's steps instead of in a writer thread
-    that takes the GIL while the engine launches (DDTREE_BUILD_AT_FLUSH=0: the writer
-    builds, as before)."""
-
-    def __init__(self, build: Callable[[list[tuple[str, Item]]], object] | None = None
-                 ) -> None:
+    def __init__(self) -> None:
         self._items: deque[tuple[str, Item]] = deque()
         self._ready = threading.Condition()
-        self._build = build
-        self._built: deque[object] = deque()  # with `build`: messages (or the build's error)
 
     def put(self, request_id: str, item: Item) -> None:
         with self._ready:
@@ -75,16 +66,8 @@ class Outbox:
 
     def flush(self) -> None:
         with self._ready:
-            if not self._items:
-                return
-            if self._build is not None:
-                items = list(self._items)
-                self._items.clear()
-                try:
-                    self._built.append(self._build(items))
-                except Exception as exc:  # noqa: BLE001 - the writer raises it: the stream
-                    self._built.append(_BuildFailed(exc))  # ends, as a writer's error would
-            self._ready.notify()
+            if self._items:
+                self._ready.notify()
 
     def wake(self) -> None:
         """Wakes the writer even with nothing to send (it then checks whether to end)."""
@@ -99,24 +82,6 @@ class Outbox:
             items = list(self._items)
             self._items.clear()
             return items
-
-    def take_built(self, timeout_s: float) -> list[object]:
-        """With `build`: the messages built since the last call; blocks up to `timeout_s`
-        for the next flush when there are none; raises a build's error."""
-        with self._ready:
-            if not self._built:
-                self._ready.wait(timeout_s)
-            built = list(self._built)
-            self._built.clear()
-        for message in built:
-            if isinstance(message, _BuildFailed):
-                raise message.error
-        return built
-
-
-class _BuildFailed:
-    def __init__(self, error: Exception) -> None:
-        self.error = error
 
 
 @dataclass

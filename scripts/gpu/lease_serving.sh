@@ -228,8 +228,7 @@
 #           client and without MPS (r157, warm after r156)
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
-#   call r160 (thirty-ninth session) the engine thread builds GenerateMany's messages or not
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r160   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1098,17 +1097,13 @@ r157)
       solo) mps=off extra="--mode ar" ;;
       mps_base) mps=auto extra="" ;;  # call r159: the gateway package of .basegw
       off_base) mps=off extra="" ;;
-      mps_wb) mps=auto extra="" ;;  # call r160: GenerateMany's writer builds the messages
     esac
-    build=1
-    [ $setting = mps_wb ] && build=0
     # *_base: .basegw's gateway package in place of this one while that serve runs (the
     # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
     case $setting in *_base) mv gateway .gateway_now && cp -r .basegw/gateway gateway ;; esac
     python3 -c 'import gateway.responses as r
 print("gateway:", "this checkout" if hasattr(r.Formatter, "chunk_event") else "earlier")'
-    DDTREE_BUILD_AT_FLUSH=$build DDTREE_MPS=$mps \
-      SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
+    DDTREE_MPS=$mps SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8
     rc=$?
     case $setting in *_base) rm -rf gateway && mv .gateway_now gateway ;; esac
@@ -1134,13 +1129,6 @@ r159)
   # .basegw`), as MPS clients and without MPS, alternated; then in process
   [ -d .basegw/gateway ] || { echo "no .basegw/gateway"; exit 3; }
   R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
-  ;;
-r160)
-  # (carry .whl and .carry/rand: no staging) ar c8 through serve as MPS clients with the
-  # engine thread building each step's GenerateMany message (the default since the
-  # thirty-ninth session) against the stream's writer building it (mps_wb), then in
-  # process (lease 46: the engine steps ~4% slower through serve than in process)
-  R157_SETTINGS="${R157_SETTINGS:-mps mps_wb}" exec bash "$0" r157
   ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with

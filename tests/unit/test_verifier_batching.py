@@ -59,39 +59,3 @@ def test_an_error_after_waiting_rounds_comes_after_them() -> None:
     assert [r.new_tokens for r in next(results)] == [[5]]
     with pytest.raises(GenerationAborted):
         next(results)
-
-
-def test_an_outbox_with_a_builder_builds_on_the_flushing_thread() -> None:
-    import threading
-
-    from verifier_svc.scheduler import Outbox
-
-    built_on: list[str] = []
-
-    def build(items: list[tuple[str, object]]) -> list[str]:
-        built_on.append(threading.current_thread().name)
-        return [request_id for request_id, _ in items]
-
-    outbox = Outbox(build)
-    outbox.put("a", round_result([1], 0))
-    outbox.put("b", round_result([2], 0))
-    assert outbox.take_built(timeout_s=0.01) == []  # nothing flushed yet: nothing built
-    outbox.flush()
-    outbox.put("c", round_result([3], 0))
-    outbox.flush()
-    outbox.flush()  # nothing new: no empty message
-    assert outbox.take_built(timeout_s=0.01) == [["a", "b"], ["c"]]
-    assert built_on == [threading.current_thread().name] * 2
-
-
-def test_a_failed_build_ends_the_writer_with_its_error() -> None:
-    from verifier_svc.scheduler import Outbox
-
-    def build(items: list[tuple[str, object]]) -> object:
-        raise ValueError("cannot build")
-
-    outbox = Outbox(build)
-    outbox.put("a", round_result([1], 0))
-    outbox.flush()  # the flushing thread (the engine's) does not raise
-    with pytest.raises(ValueError, match="cannot build"):
-        outbox.take_built(timeout_s=0.01)
