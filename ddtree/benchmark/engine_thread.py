@@ -157,6 +157,7 @@ class EngineThread:
             sample.acceptance_histogram = stats.acceptance_histogram()
             sample.served_mode = stats.mode
             sample.served_budget = stats.budget if stats.mode in TREE_MODES else None
+            sample.stage_seconds = dict(stats.stage_seconds)
         generation.loop.call_soon_threadsafe(_resolve, generation.done, error)
 
     def _abort(self, request_id: str) -> None:

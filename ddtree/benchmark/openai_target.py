@@ -85,6 +85,9 @@ def read_stats(sample: RequestSample, chunk: dict[str, Any]) -> None:
         sample.served_mode = stats.get("mode") or None
         if sample.served_mode in TREE_MODES:
             sample.served_budget = stats.get("budget") or None
+        stages = stats.get("stage_seconds")
+        if isinstance(stages, dict):
+            sample.stage_seconds = {str(k): float(v) for k, v in stages.items()}
 
 
 class OpenAITarget:

@@ -33,6 +33,10 @@ class RequestSample:
     acceptance_histogram: list[int] | None = None  # index i = verify rounds committing i tokens
     served_mode: str | None = None  # what the server reports it ran (our stats)
     served_budget: int | None = None
+    # The server's own stage times over the request (our stats: prefill, draft, verify;
+    # device time where it has CUDA events): where a round's time goes, in process and
+    # through a server alike
+    stage_seconds: dict[str, float] | None = None
     error: str | None = None
     repeat: int = 0
 
@@ -101,6 +105,8 @@ class RequestSample:
             "acceptance_histogram": self.acceptance_histogram,
             "served_mode": self.served_mode,
             "served_budget": self.served_budget,
+            "stage_seconds": (None if self.stage_seconds is None else
+                              {k: round(v, 6) for k, v in sorted(self.stage_seconds.items())}),
             "text": self.text,
             "token_ids": self.token_ids,
             "error": self.error,

@@ -228,7 +228,8 @@
 #           client and without MPS (r157, warm after r156)
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159   (results under $OUT)
+#   call r161 (thirty-ninth session) ar's device time a round in process and through serve
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1097,6 +1098,7 @@ r157)
       solo) mps=off extra="--mode ar" ;;
       mps_base) mps=auto extra="" ;;  # call r159: the gateway package of .basegw
       off_base) mps=off extra="" ;;
+      mps_short) mps=auto extra="--max-model-len 1024" ;;  # call r161: rows sized as in process
     esac
     # *_base: .basegw's gateway package in place of this one while that serve runs (the
     # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
@@ -1110,7 +1112,7 @@ print("gateway:", "this checkout" if hasattr(r.Formatter, "chunk_event") else "e
     [ $rc = 0 ] || exit 3
   done
   [ "${R157_INPROCESS:-1}" = 1 ] && ar8 off  # R157_INPROCESS=0: serve alone (a small budget)
-  pack_all $1
+  [ "${R157_PACK:-1}" = 1 ] && pack_all $1  # R157_PACK=0: the caller packs (call r161)
   mark done
   ;;
 r158)
@@ -1129,6 +1131,27 @@ r159)
   # .basegw`), as MPS clients and without MPS, alternated; then in process
   [ -d .basegw/gateway ] || { echo "no .basegw/gateway"; exit 3; }
   R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
+  ;;
+r161)
+  # (carry .whl and .carry/rand: no staging; ~7 min) the device time of ar's c8 rounds in
+  # process and through serve, with and without MPS: bench samples carry the server's
+  # stage times since the thirty-ninth session (scripts/gpu/stage_summary.py: verify ms a
+  # round). Lease 46 put serve's rounds at 0.781 ms as MPS clients and 0.750 without, while
+  # MPS cost 0.7% of ar's throughput in process. In process off / mps, then serve mps / off
+  # / mps_short (--max-model-len 1024: its rows as long as in process's), then in process
+  # mps / off again; the summary table last.
+  T=$R
+  [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
+  ar8 off
+  ar8 mps
+  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short}" R157_INPROCESS=0 R157_PACK=0 \
+    bash "$0" r157 || exit 3
+  ar8 mps
+  ar8 off
+  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
+    | tee "$OUT/stage_summary.txt"
+  pack_all $1
+  mark done
   ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with

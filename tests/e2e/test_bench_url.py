@@ -75,6 +75,8 @@ def test_concurrency_and_repeats_count_the_servers_usage_tokens(
         assert [s["completion_tokens"] for s in samples if s["repeat"] == 0] != []
         for s in samples:
             assert s["completion_tokens"] == expected[s["prompt_index"]]
+            # the gateway's ddtree_stats: the verifier's stage times over the request
+            assert s["stage_seconds"]["prefill"] > 0 and s["stage_seconds"]["verify"] > 0
         assert row["completion_tokens"] == REPEATS * sum(expected)
         assert row["acceptance_length"] >= 1.0  # our gateway's stats
         for run in row["runs"]:

@@ -87,6 +87,8 @@ def test_each_request_serves_its_single_request_tokens_at_concurrency_1_and_3(
             assert sample.completion_tokens == SETTINGS.max_tokens
             assert sample.start < sample.chunk_times[0] <= sample.chunk_times[-1] == sample.end
             assert sample.served_mode == row.spec.mode and sample.num_rounds
+            stages = sample.stage_seconds or {}  # the engine's own stage times
+            assert stages.get("prefill", 0) > 0 and stages.get("verify", 0) > 0
 
 
 def test_concurrency_3_runs_three_generations_in_the_rounds_of_one_engine(
