@@ -1099,6 +1099,7 @@ r157)
       mps_base) mps=auto extra="" ;;  # call r159: the gateway package of .basegw
       off_base) mps=off extra="" ;;
       mps_short) mps=auto extra="--max-model-len 1024" ;;  # call r161: rows sized as in process
+      off_short) mps=off extra="--max-model-len 1024" ;;
     esac
     # *_base: .basegw's gateway package in place of this one while that serve runs (the
     # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
@@ -1133,18 +1134,20 @@ r159)
   R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
   ;;
 r161)
-  # (carry .whl and .carry/rand: no staging; ~7 min) the device time of ar's c8 rounds in
+  # (carry .whl and .carry/rand: no staging) the device time of ar's c8 rounds in
   # process and through serve, with and without MPS: bench samples carry the server's
   # stage times since the thirty-ninth session (scripts/gpu/stage_summary.py: verify ms a
   # round). Lease 46 put serve's rounds at 0.781 ms as MPS clients and 0.750 without, while
   # MPS cost 0.7% of ar's throughput in process. In process off / mps, then serve mps / off
-  # / mps_short (--max-model-len 1024: its rows as long as in process's), then in process
-  # mps / off again; the summary table last.
+  # / mps_short / off_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the
+  # attention's split grid is sized from the row length: 33 splits a query at 8,192, 5 at
+  # 1,024, most of them idle in ar's short contexts), then in process mps / off again; the
+  # summary table last (~8 min).
   T=$R
   [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
   ar8 off
   ar8 mps
-  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short}" R157_INPROCESS=0 R157_PACK=0 \
+  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short off_short}" R157_INPROCESS=0 R157_PACK=0 \
     bash "$0" r157 || exit 3
   ar8 mps
   ar8 off
