@@ -114,6 +114,37 @@ def test_a_refused_generation_raises_its_status_and_others_run_on(
     assert tokens == greedy_tokens(target, prompt, 5)
 
 
+@pytest.mark.parametrize("transport", SHARED)
+def test_a_generation_past_its_deadline_ends_mid_stream_and_is_aborted(
+        verifier: Verifier, target: TargetModel, transport: str) -> None:
+    # The deadline is one timer a generation (not a timeout around each message's wait):
+    # past it, DEADLINE_EXCEEDED comes after the messages that arrived before it, the
+    # generation is aborted on the verifier and the stream serves on.
+    prompt = make_prompt(target, 5, seed=79)
+
+    async def main() -> tuple[int, grpc.StatusCode, bool, list[int]]:
+        client = client_of(verifier.port, transport)
+        client.request_timeout_s = 0.3
+        await client.start()
+        got = 0
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                async with aclosing(client.generate(request("late", prompt, 0))) as messages:
+                    async for response in messages:
+                        got += len(response.token_ids)
+            freed = await engine_idle(client)
+            client.request_timeout_s = 600.0
+            return got, raised.value.code(), freed, await tokens_of(
+                client, request("in-time", prompt, 5))
+        finally:
+            await client.close()
+
+    got, code, freed, tokens = asyncio.run(main())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and got > 0
+    assert freed, "the generation past its deadline still runs"
+    assert tokens == greedy_tokens(target, prompt, 5)
+
+
 def has_read_the_end(stream: _SharedBase) -> bool:
     """The stream's thread holds a finished update the gateway's loop has not taken yet."""
     with stream._lock:
