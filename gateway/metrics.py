@@ -323,7 +323,9 @@ class Metrics:
         self.prompt_tokens.labels(model).inc(num_prompt_tokens)
         self.generation_tokens.labels(model).inc(num_completion_tokens)
         self.e2e.labels(model).observe(e2e_s)
-        self._flush()  # what waits is other live generations' (another process scrapes)
+        # and the batched timings so far: with several gateway processes another one may
+        # answer the next scrape, which cannot flush this one's
+        self._flush()
 
     def observe_stats(self, stats: common_pb2.SpecStats) -> None:
         model = self.model_name
