@@ -1100,13 +1100,17 @@ r157)
       off_base) mps=off extra="" ;;
       mps_short) mps=auto extra="--max-model-len 1024" ;;  # call r161: rows sized as in process
       off_short) mps=off extra="--max-model-len 1024" ;;
+      mps_ctx) mps=auto extra="" ;;  # call r161: DDTREE_CONTEXT_BUCKET=2048 (below)
     esac
+    ctx=0
+    [ $setting = mps_ctx ] && ctx=2048
     # *_base: .basegw's gateway package in place of this one while that serve runs (the
     # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
     case $setting in *_base) mv gateway .gateway_now && cp -r .basegw/gateway gateway ;; esac
     python3 -c 'import gateway.responses as r
 print("gateway:", "this checkout" if hasattr(r.Formatter, "chunk_event") else "earlier")'
-    DDTREE_MPS=$mps SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
+    DDTREE_CONTEXT_BUCKET=$ctx DDTREE_MPS=$mps \
+      SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8
     rc=$?
     case $setting in *_base) rm -rf gateway && mv .gateway_now gateway ;; esac
@@ -1139,15 +1143,16 @@ r161)
   # stage times since the thirty-ninth session (scripts/gpu/stage_summary.py: verify ms a
   # round). Lease 46 put serve's rounds at 0.781 ms as MPS clients and 0.750 without, while
   # MPS cost 0.7% of ar's throughput in process. In process off / mps, then serve mps / off
-  # / mps_short / off_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the
-  # attention's split grid is sized from the row length: 33 splits a query at 8,192, 5 at
-  # 1,024, most of them idle in ar's short contexts), then in process mps / off again; the
-  # summary table last (~8 min).
+  # / mps_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the attention's
+  # split grid is sized from the row length: 33 splits a query at 8,192, 5 at 1,024, most
+  # of them idle in ar's short contexts) / mps_ctx (the full row length with
+  # DDTREE_CONTEXT_BUCKET=2048: rounds whose keys fit 2,048 run graphs sized for it), then
+  # in process mps / off again; the summary table last (~8 min; off_short on request).
   T=$R
   [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
   ar8 off
   ar8 mps
-  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short off_short}" R157_INPROCESS=0 R157_PACK=0 \
+  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short mps_ctx}" R157_INPROCESS=0 R157_PACK=0 \
     bash "$0" r157 || exit 3
   ar8 mps
   ar8 off
