@@ -1142,17 +1142,17 @@ r161)
   # process and through serve, with and without MPS: bench samples carry the server's
   # stage times since the thirty-ninth session (scripts/gpu/stage_summary.py: verify ms a
   # round). Lease 46 put serve's rounds at 0.781 ms as MPS clients and 0.750 without, while
-  # MPS cost 0.7% of ar's throughput in process. In process off / mps, then serve mps / off
-  # / mps_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the attention's
-  # split grid is sized from the row length: 33 splits a query at 8,192, 5 at 1,024, most
-  # of them idle in ar's short contexts) / mps_ctx (the full row length with
-  # DDTREE_CONTEXT_BUCKET=2048: rounds whose keys fit 2,048 run graphs sized for it), then
-  # in process mps / off again; the summary table last (~8 min; off_short on request).
+  # MPS cost 0.7% of ar's throughput in process. In process off / mps, then serve mps /
+  # mps_ctx (DDTREE_CONTEXT_BUCKET=2048: rounds whose keys fit 2,048 run graphs sized for
+  # it) / off / mps_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the
+  # attention's split grid is sized from the row length: 33 splits a query at 8,192, 5 at
+  # 1,024, most of them idle in ar's short contexts), then in process mps / off again; the
+  # summary table last (~8 min; off_short on request).
   T=$R
   [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
   ar8 off
   ar8 mps
-  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short mps_ctx}" R157_INPROCESS=0 R157_PACK=0 \
+  R157_SETTINGS="${R157_SETTINGS:-mps mps_ctx off mps_short}" R157_INPROCESS=0 R157_PACK=0 \
     bash "$0" r157 || exit 3
   ar8 mps
   ar8 off
