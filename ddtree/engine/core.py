@@ -658,8 +658,9 @@ class Engine:
         when every row's keys fit it, else 0 (the pool row's). The host's committed
         length may lag the device's by the round in flight (pipelined: up to the largest
         tree's nodes + 1), and this round's tree adds num_nodes + 1 keys. A query past the
-        span would be cut short, so this bound must hold for every row the round carries
-        (the padding rows are the scratch row, reset to 0 after every round)."""
+        span would write past its split workspace, so this bound must hold for every row
+        the round carries (the padding rows are the scratch row, reset to 0 after every
+        round)."""
         bucket = self.plan.context_bucket
         if not bucket:
             return 0

@@ -1,7 +1,7 @@
 """EngineConfig.context_bucket: rounds whose rows' keys all fit the bucket run with the
 attention sized for it (its own graphs on a GPU), the rest with the pool row's length.
-Every attention call's span bounds every query's keys (a query past it would be cut
-short: the pipelined round's lag and the tree included), both spans are used as contexts
+Every attention call's span bounds every query's keys (the kernel's split workspace is
+sized from it: the pipelined round's lag and the tree included), both spans are used as contexts
 grow, and the tokens are those of the engine without it."""
 
 from __future__ import annotations
