@@ -15,6 +15,15 @@ from gateway.logprobs import CompletionLogprobs, TokenNames, chat_logprobs
 from gateway.params import Plan
 
 
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    """One server-sent event: `data: <json>` and the blank line."""
+    return b"data: " + _json(data).encode() + b"\n\n"
+
+
 def usage(plan: Plan, results: Sequence[ChoiceResult]) -> dict[str, int]:
     """Prompt tokens once per distinct prompt (n samples share it), completion tokens
     = the tokens returned (up to a stop string, stop tokens excluded)."""
@@ -66,9 +75,8 @@ class Formatter:
         output = plan.output
         self._is_plain = not (output.is_logprobs or output.is_reasoning
                               or output.return_token_ids)
-        head = json.dumps({"id": self.id, "object": f"{self.object}.chunk" if is_chat
-                           else self.object, "created": self.created, "model": plan.model},
-                          ensure_ascii=False, separators=(",", ":"))
+        head = _json({"id": self.id, "object": f"{self.object}.chunk" if is_chat
+                      else self.object, "created": self.created, "model": plan.model})
         self._head = f'data: {head[:-1]},"choices":[{{"index":'
         self._text_key = ',"delta":{"content":' if is_chat else ',"text":'
         self._text_end = '}' if is_chat else ''
@@ -126,8 +134,7 @@ class Formatter:
                     f'{encode_basestring(delta.content)}{self._text_end},"logprobs":null,'
                     f'"finish_reason":{"null" if finish is None else encode_basestring(finish)}'
                     '}]}\n\n').encode()
-        body = json.dumps(self.chunk(delta, so_far), ensure_ascii=False, separators=(",", ":"))
-        return b"data: " + body.encode() + b"\n\n"
+        return sse(self.chunk(delta, so_far))
 
     def usage_chunk(self, results: Sequence[ChoiceResult]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.plan.kind == "chat" else "text_completion"

@@ -5,10 +5,8 @@ which aborts its generations on the verifier."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
 
 import anyio
 import structlog
@@ -17,17 +15,11 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import as_api_error
 from gateway.generation import ChoiceDelta, ChoiceResult
-from gateway.responses import Formatter
+from gateway.responses import Formatter, sse
 
 log = structlog.get_logger("gateway")
 
 DONE = b"data: [DONE]\n\n"
-
-
-def sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + (
-        b"\n\n"
-    )
 
 
 async def events(

@@ -11,8 +11,7 @@ import pytest
 from ddtree.v1 import verifier_pb2
 from gateway.generation import ChoiceDelta, ChoiceResult
 from gateway.params import OutputOptions, Plan
-from gateway.responses import Formatter
-from gateway.streaming import sse
+from gateway.responses import Formatter, sse
 
 TEXTS = ["Hello", "", ' "quoted" \\ back', "line\nbreak\ttab\r", "\x00\x1f\x7f", "é ü 中文 🚀",
          "\u2028\u2029", "</script>", "{\"a\": [1]}"]
