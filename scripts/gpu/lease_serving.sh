@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1156,6 +1156,40 @@ r161)
     bash "$0" r157 || exit 3
   ar8 mps
   ar8 off
+  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
+    | tee "$OUT/stage_summary.txt"
+  pack_all $1
+  mark done
+  ;;
+r162)
+  # (carry .whl and .carry/rand: no staging; fortieth session) lease 48 (r161): ar c8's
+  # round took 0.780 ms through serve as an MPS client with rows of 8,192 tokens, 0.773
+  # with a context bucket of 2,048 (the attention's grid sized for it) and 0.754 with rows
+  # of 1,024 (in process 0.752): the grid is a third of it; is the rest where the rows
+  # lie in memory (a layer's live keys in 8 rows 3.2 MB apart against 0.4)? In process
+  # (scripts/gpu/bench_engine_config.py), as an MPS client unless _off: rows of the run
+  # (short) or of 8,192 (full), with a context bucket of 1,024 (b1024), the pool stored
+  # by layer (now), by position (a layer's rows side by side) or by row (a row's layers
+  # side by side); the summary last (~6 min)
+  T=$R
+  [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
+  for run in ${R162_RUNS:-short:layer full:layer full_b1024:layer full_b1024:position \
+      full_b1024:row full:position short:position full_b1024:layer full_b1024:position \
+      full_off:layer full_b1024_off:layer full_b1024_off:position}; do
+    setting=${run%%:*} layout=${run##*:}
+    args=()
+    case $setting in full*) args+=(--max-model-len 8192) ;; esac
+    case $setting in *b1024*) args+=(--context-bucket 1024) ;; esac
+    runner=(python3 scripts/gpu/under_mps.py --)
+    case $setting in *_off) runner=(env) ;; esac
+    mark "ar c8 in process: $setting, pool by $layout"
+    DDTREE_KV_LAYOUT=$layout timeout 120 "${runner[@]}" python3 \
+      scripts/gpu/bench_engine_config.py "${args[@]}" -- --target $T --drafter $D \
+      --prompts humaneval --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 \
+      --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_${setting}_${layout}_$(date +%s).json" 2>&1 \
+      | grep -E "humaneval|rror"
+  done
   (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
     | tee "$OUT/stage_summary.txt"
   pack_all $1
