@@ -399,8 +399,7 @@ def compact(k: Tensor, v: Tensor, rows: Tensor, base: Tensor, out: Tensor, width
     meta's prefix lengths, M per row): k, v (layers, slots, max_len, Hkv, D). The
     `scratch` slot is left alone (the padding rows')."""
     batch = rows.shape[0]
-    assert k.shape == v.shape and k.stride() == v.stride(), (k.shape, k.stride(), v.stride())
-    assert k.stride(4) == 1 and k.stride(3) == k.shape[4], "one token's heads contiguous"
+    assert k.is_contiguous() and v.is_contiguous() and k.shape == v.shape, k.shape
     num_rows = base.shape[0] // batch
     row_size = k.shape[3] * k.shape[4]
     pdl = use_pdl(k)

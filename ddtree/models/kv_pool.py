@@ -9,16 +9,8 @@ k_norm for Qwen3).
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
-
-# The storage order of the pool's dimensions (A/B, DDTREE_KV_LAYOUT): "layer" (layers,
-# slots, positions), "position" (layers, positions, slots: one layer's live keys of every
-# row side by side), "row" (slots, positions, layers: a row's live keys of every layer
-# side by side). `k`/`v` are (layers, slots, max_len, Hkv, D) views in every order.
-KV_LAYOUTS = {"layer": (0, 1, 2), "position": (0, 2, 1), "row": (1, 2, 0)}
 
 
 class KVPool:
@@ -26,13 +18,9 @@ class KVPool:
 
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, device: torch.device | str, dtype: torch.dtype) -> None:
-        layout = os.environ.get("DDTREE_KV_LAYOUT", "layer")
-        order = KV_LAYOUTS[layout]  # storage dim i holds view dim order[i]
-        outer = (num_layers, num_slots, max_len)
-        shape = tuple(outer[d] for d in order) + (num_kv_heads, head_dim)
-        back = tuple(order.index(d) for d in range(3)) + (3, 4)
-        self.k = torch.zeros(shape, device=device, dtype=dtype).permute(back)
-        self.v = torch.zeros(shape, device=device, dtype=dtype).permute(back)
+        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
 
     @property
     def num_slots(self) -> int:

@@ -2,8 +2,7 @@
 pool's shape apart from everything else `ddtree serve` changes; lease call r162). Through
 serve (lease 48) a round of ar c8 took 0.780 ms on the device as an MPS client with rows
 of 8,192 tokens, 0.773 with a context bucket of 2,048 and 0.754 with rows of 1,024; in
-process (rows of the run's longest request) 0.752. The pool's storage order comes from
-DDTREE_KV_LAYOUT (ddtree/models/kv_pool.py).
+process (rows of the run's longest request) 0.752.
 
     python3 scripts/gpu/bench_engine_config.py [--max-model-len N] [--context-bucket N] \
         -- bench args...

@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162|r163   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1101,15 +1101,17 @@ r157)
       mps_short) mps=auto extra="--max-model-len 1024" ;;  # call r161: rows sized as in process
       off_short) mps=off extra="--max-model-len 1024" ;;
       mps_ctx) mps=auto extra="" ;;  # call r161: DDTREE_CONTEXT_BUCKET=2048 (below)
+      mps_old) mps=auto extra="" ;;  # call r163: DDTREE_PREFETCH_BY_QUERY=0 (below)
     esac
-    ctx=0
+    ctx=0 byq=1
     [ $setting = mps_ctx ] && ctx=2048
+    [ $setting = mps_old ] && byq=0
     # *_base: .basegw's gateway package in place of this one while that serve runs (the
     # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
     case $setting in *_base) mv gateway .gateway_now && cp -r .basegw/gateway gateway ;; esac
     python3 -c 'import gateway.responses as r
 print("gateway:", "this checkout" if hasattr(r.Formatter, "chunk_event") else "earlier")'
-    DDTREE_CONTEXT_BUCKET=$ctx DDTREE_MPS=$mps \
+    DDTREE_CONTEXT_BUCKET=$ctx DDTREE_MPS=$mps DDTREE_PREFETCH_BY_QUERY=$byq \
       SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8
     rc=$?
@@ -1161,35 +1163,49 @@ r161)
   pack_all $1
   mark done
   ;;
-r162)
-  # (carry .whl and .carry/rand: no staging; fortieth session) lease 48 (r161): ar c8's
-  # round took 0.780 ms through serve as an MPS client with rows of 8,192 tokens, 0.773
-  # with a context bucket of 2,048 (the attention's grid sized for it) and 0.754 with rows
-  # of 1,024 (in process 0.752): the grid is a third of it; is the rest where the rows
-  # lie in memory (a layer's live keys in 8 rows 3.2 MB apart against 0.4)? In process
-  # (scripts/gpu/bench_engine_config.py), as an MPS client unless _off: rows of the run
-  # (short) or of 8,192 (full), with a context bucket of 1,024 (b1024), the pool stored
-  # by layer (now), by position (a layer's rows side by side) or by row (a row's layers
-  # side by side); the summary last (~6 min)
+r162|r163)
+  # (carry .whl and .carry/rand: no staging; fortieth session) ar c8 in process at rows of
+  # the run (short) or of 8,192 (full, as `ddtree serve` sizes them), with a context
+  # bucket of 1,024 (b1024), as an MPS client unless _off (scripts/gpu/bench_engine_config.py)
+  # r162 (lease 49): lease 48 put serve's round at 0.780 ms as an MPS client with rows of
+  #   8,192, 0.773 with a context bucket of 2,048, 0.754 with rows of 1,024: the grid or
+  #   where the rows lie? The pool stored by layer, by position or by row (an A/B of
+  #   kv_pool.py at 8fe6815, DDTREE_KV_LAYOUT; none moved it: the grid it was)
+  # r163: the attention's prefix prefetch shared by the splits a query's prefix fills (new)
+  #   or by the grid's (old, DDTREE_PREFETCH_BY_QUERY=0), or none (nopf,
+  #   DDTREE_PDL_PREFETCH=0); then through serve as MPS clients, new and old, twice each
+  #   (~8 min)
   T=$R
   [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
-  for run in ${R162_RUNS:-short:layer full:layer full_b1024:layer full_b1024:position \
-      full_b1024:row full:position short:position full_b1024:layer full_b1024:position \
-      full_off:layer full_b1024_off:layer full_b1024_off:position}; do
-    setting=${run%%:*} layout=${run##*:}
+  if [ $1 = r162 ]; then
+    runs="short:layer full:layer full_b1024:layer full_b1024:position full_b1024:row \
+      full:position short:position full_b1024:layer full_b1024:position full_off:layer \
+      full_b1024_off:layer full_b1024_off:position"
+  else
+    runs="full:old full:new full_b1024:new full:nopf short:new"
+  fi
+  for run in ${INPROC_RUNS:-$runs}; do
+    setting=${run%%:*} variant=${run##*:}
     args=()
     case $setting in full*) args+=(--max-model-len 8192) ;; esac
     case $setting in *b1024*) args+=(--context-bucket 1024) ;; esac
     runner=(python3 scripts/gpu/under_mps.py --)
     case $setting in *_off) runner=(env) ;; esac
-    mark "ar c8 in process: $setting, pool by $layout"
-    DDTREE_KV_LAYOUT=$layout timeout 120 "${runner[@]}" python3 \
-      scripts/gpu/bench_engine_config.py "${args[@]}" -- --target $T --drafter $D \
-      --prompts humaneval --num-prompts 160 --num-requests 160 --modes ar --concurrency 8 \
-      --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_${setting}_${layout}_$(date +%s).json" 2>&1 \
+    byq=1 pf=1
+    case $variant in old) byq=0 ;; nopf) pf=0 ;; esac
+    mark "ar c8 in process: $setting, $variant"
+    [ $1 = r162 ] && export DDTREE_KV_LAYOUT=$variant  # read by 8fe6815's kv_pool.py
+    DDTREE_PREFETCH_BY_QUERY=$byq DDTREE_PDL_PREFETCH=$pf \
+      timeout 120 "${runner[@]}" python3 scripts/gpu/bench_engine_config.py "${args[@]}" -- \
+      --target $T --drafter $D --prompts humaneval --num-prompts 160 --num-requests 160 \
+      --modes ar --concurrency 8 --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_${setting}_${variant}_$(date +%s).json" 2>&1 \
       | grep -E "humaneval|rror"
   done
+  if [ $1 = r163 ]; then
+    R157_SETTINGS="${R157_SETTINGS:-mps mps_old mps}" R157_INPROCESS=0 R157_PACK=0 \
+      bash "$0" r157 || exit 3
+  fi
   (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
     | tee "$OUT/stage_summary.txt"
   pack_all $1
