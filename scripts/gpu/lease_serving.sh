@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162|r163   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162|r163|164   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1061,6 +1061,20 @@ PY
         --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 | grep -E "humaneval|MPS|rror"
     done
   done
+  pack_all $1
+  mark done
+  ;;
+164)
+  # (after 0-3, g3b-g3e, carry .carry/g4; fortieth session) the demo target after the
+  # prefix prefetch fix (51f78dd): ar c8 through serve as MPS clients (the default) twice,
+  # then in process (no MPS) twice; the stage summary last (~3 min)
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" setting_runs mps ar:1:8 ar:1:8 \
+    || exit 3
+  ar8 off
+  ar8 off
+  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
+    | tee "$OUT/stage_summary.txt"
   pack_all $1
   mark done
   ;;
