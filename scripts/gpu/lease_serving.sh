@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162|r163|164   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162|r163|164|165   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1061,6 +1061,26 @@ PY
         --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 | grep -E "humaneval|MPS|rror"
     done
   done
+  pack_all $1
+  mark done
+  ;;
+165)
+  # (after 0-3, g3b-g3e, carry .carry/g4) the gateway's c8 rows of issue 8 on the demo
+  # target, ar and auto (which serves ar at c8): through serve as MPS clients (the
+  # default), ar / auto / ar / auto, then in process (no MPS) in the same order, 160
+  # requests each; the stage summary last (~4 min; call 125 after it: the load curves)
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+    setting_runs mps ar:1:8 auto:16:8 ar:1:8 auto:16:8 || exit 3
+  for mode in ar auto ar auto; do
+    mark "$mode c8 in process"
+    timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --modes $mode --budgets 16 --concurrency 8 \
+      --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_inprocess_${mode}_c8_$(date +%s).json" 2>&1 | grep humaneval
+  done
+  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
+    | tee "$OUT/stage_summary.txt"
   pack_all $1
   mark done
   ;;
