@@ -512,6 +512,14 @@ pack_all() {  # call: every JSON report and trace under $OUT gzipped, then all o
     && find . -mindepth 1 ! -name "all$1.tar" -delete)
 }
 
+summary_and_pack() {  # call: the stage summary of every report (stage_summary.txt, printed),
+  # then all of $OUT in one all$1.tar
+  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
+    | tee "$OUT/stage_summary.txt"
+  pack_all $1
+  mark done
+}
+
 speed_table() {  # variants [extra engine_bench args...]: the batch-1 table of ar, linear,
   # tree@16, tree@32 and shadow@16 in those variants (engine_bench.py --speed-variants)
   local variants=$1; shift
@@ -1079,10 +1087,7 @@ PY
       --max-tokens 256 --no-progress \
       --json-out "$OUT/report_inprocess_${mode}_c8_$(date +%s).json" 2>&1 | grep humaneval
   done
-  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
-    | tee "$OUT/stage_summary.txt"
-  pack_all $1
-  mark done
+  summary_and_pack $1
   ;;
 164)
   # (after 0-3, g3b-g3e, carry .carry/g4; fortieth session) the demo target after the
@@ -1093,10 +1098,7 @@ PY
     || exit 3
   ar8 off
   ar8 off
-  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
-    | tee "$OUT/stage_summary.txt"
-  pack_all $1
-  mark done
+  summary_and_pack $1
   ;;
 156)
   # (after 0-3, g3b-g3e, carry .carry/g4) mps_apart on the demo target, then call 155 (the
@@ -1192,10 +1194,7 @@ r161)
     bash "$0" r157 || exit 3
   ar8 mps
   ar8 off
-  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
-    | tee "$OUT/stage_summary.txt"
-  pack_all $1
-  mark done
+  summary_and_pack $1
   ;;
 r162|r163)
   # (carry .whl and .carry/rand: no staging; fortieth session) ar c8 in process at rows of
@@ -1240,10 +1239,7 @@ r162|r163)
     R157_SETTINGS="${R157_SETTINGS:-mps mps_old mps}" R157_INPROCESS=0 R157_PACK=0 \
       bash "$0" r157 || exit 3
   fi
-  (cd "$OUT" && python3 "$OLDPWD/scripts/gpu/stage_summary.py" report_*.json) \
-    | tee "$OUT/stage_summary.txt"
-  pack_all $1
-  mark done
+  summary_and_pack $1
   ;;
 155)
   # (after 0-3, g3b-g3e, carry .carry/g4) call 154 cut to fit a small budget: serve with
