@@ -169,9 +169,10 @@ SPLIT_PROGRAMS = 2048
 # A dependent launch's prefix prefetch (PREFETCH_BUDGET_BYTES over the launch) is shared
 # by the splits a query's prefix fills, not by the grid's: sized from max_kv_len, the grid
 # of a row of 8,192 tokens (33 splits) left each split of ar c8's ~400-token contexts one
-# block (64 positions) ahead instead of all 256, and its round took 0.781 ms on an H100
-# against 0.748 with a grid of 4 splits (lease 49, in process as an MPS client; 0.768 /
-# 0.736 without MPS). DDTREE_PREFETCH_BY_QUERY=0 shares it by the grid's splits (A/B).
+# block (64 positions) ahead instead of all 256. On an H100 (lease 50, ar c8 as MPS
+# clients) its verify took 0.785 ms a round in process and 0.782 through `ddtree serve`,
+# 0.758 and 0.754 with this (rows of the run's length: 0.751). DDTREE_PREFETCH_BY_QUERY=0
+# shares it by the grid's splits (A/B).
 _prefetch_by_query = os.environ.get("DDTREE_PREFETCH_BY_QUERY", "1") != "0"
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
