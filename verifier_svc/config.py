@@ -31,9 +31,6 @@ class VerifierServiceConfig:
     max_num_seqs: int = 64  # generations + OpenSession sessions holding a KV row at once
     max_queue: int = 1024  # requests waiting for a row; more get RESOURCE_EXHAUSTED
     kv_memory_gib: float = 0.0  # the KV pool's budget; 0 = auto (half the free GPU memory)
-    # rounds whose rows' keys all fit this many positions run graphs whose attention grid
-    # is sized for it (EngineConfig.context_bucket); 0 = off
-    context_bucket: int = 0
     cuda_graphs: bool = True  # capture each round shape in a CUDA graph (GPU only)
     batch_invariant: bool = True  # batch-invariant GEMMs: every mode exact in bf16 (GPU)
     max_prefill_tokens: int = 8192  # prompt tokens prefilled per engine step
@@ -117,8 +114,7 @@ class VerifierServiceConfig:
             max_budget=self.max_budget,
             cuda_graphs=self.cuda_graphs and self.tensor_parallel_size == 1,
             invariant=self.batch_invariant, max_prefill_tokens=self.max_prefill_tokens,
-            alternate=self.alternate, send_ahead=self.send_ahead,
-            context_bucket=self.context_bucket)
+            alternate=self.alternate, send_ahead=self.send_ahead)
 
     @property
     def security(self) -> GrpcSecurity:
@@ -164,10 +160,6 @@ def _add_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                         help="requests waiting for a KV row (more get 429)")
     parser.add_argument("--kv-memory-gib", type=float, default=float(get("KV_MEMORY_GIB", "0")),
                         help="KV pool budget; 0 = half the free GPU memory (2 GiB on a CPU)")
-    parser.add_argument("--context-bucket", type=int, default=int(get("CONTEXT_BUCKET", "0")),
-                        help="rounds whose rows' keys all fit this many positions run graphs "
-                             "with the attention grid sized for it (0 = off: sized for the "
-                             "row length)")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
                         default=get("CUDA_GRAPHS", "1") != "0")
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,

@@ -57,11 +57,7 @@ class EngineConfig:
     layer; ddtree/kernels/rope.py);
     round_commit: a round whose rows all walk greedily builds its tree metadata, takes
     the argmax, walks, commits and compacts the KV pool in Triton kernels instead of ~100
-    PyTorch launches (same tables, state and pool; ddtree/kernels/round_commit.py);
-    context_bucket: a round whose rows' keys all fit this many positions runs graphs whose
-    attention grid is sized for it instead of for the row length (fewer idle split
-    programs in short contexts; the same bits: splits are fixed 256-position spans); 0 =
-    off, the default until measured (docs/performance.md, thirty-ninth session)."""
+    PyTorch launches (same tables, state and pool; ddtree/kernels/round_commit.py)."""
 
     max_num_seqs: int = 64
     max_queue: int = 1024
@@ -82,7 +78,6 @@ class EngineConfig:
     reduce_fusions: bool = True
     rope_epilogue: bool = True
     round_commit: bool = True
-    context_bucket: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:
@@ -92,8 +87,6 @@ class EngineConfig:
                 "max_model_len and kv_memory_bytes must be >= 0, max_budget >= 1")
         if self.max_prefill_tokens < 1:
             raise InvalidArgumentError("max_prefill_tokens must be >= 1")
-        if self.context_bucket < 0:
-            raise InvalidArgumentError("context_bucket must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -105,7 +98,6 @@ class PoolPlan:
     max_len: int
     batch_buckets: tuple[int, ...]
     node_buckets: tuple[int, ...]
-    context_bucket: int = 0  # EngineConfig.context_bucket below max_len, else 0
 
     def batch_bucket(self, num_rows: int) -> int:
         return next(b for b in self.batch_buckets if b >= num_rows)
@@ -140,13 +132,7 @@ def plan_pool(config: EngineConfig, target: TargetConfig, device: torch.device,
     nodes = {n for n in NODE_BUCKETS if n < max_nodes} | {max_nodes}
     if draft_depth:
         nodes.add(draft_depth)
-    # Below the row length, and above what the warm-up's scratch rounds and one round's
-    # lag take (Engine._kv_span), else no round could use it
-    context_bucket = config.context_bucket
-    if not 2 * (max_nodes + 1) + draft_depth + 1 < context_bucket < max_len:
-        context_bucket = 0
-    return PoolPlan(num_slots, max_model_len, max_len, tuple(batches), tuple(sorted(nodes)),
-                    context_bucket)
+    return PoolPlan(num_slots, max_model_len, max_len, tuple(batches), tuple(sorted(nodes)))
 
 
 def _auto_budget(device: torch.device) -> int:

@@ -567,14 +567,12 @@ class Engine:
                 num_shapes += self._static_prefill.warm_up(self.target, self.pool, layers)
         choices = self.policy.choices if self.policy is not None else ()
         context = self.drafting.block_size if self.drafting is not None else 1
-        spans = (0, self.plan.context_bucket) if self.plan.context_bucket else (0,)
         for batch in sorted(self.plan.batch_buckets, reverse=True):
             for num_nodes in sorted({self.plan.node_bucket(c) for c in (0, *choices)},
                                     reverse=True):
-                for span in spans:
-                    key = BucketKey(batch, num_nodes, max_kv_len=span)
-                    self._scratch_round(key, self._scratch_buffers(key), context)
-                    num_shapes += 1
+                key = BucketKey(batch, num_nodes)
+                self._scratch_round(key, self._scratch_buffers(key), context)
+                num_shapes += 1
         _sync(self.device)
         return num_shapes
 
@@ -650,23 +648,7 @@ class Engine:
         sampled = any(not row.request.sampling.is_greedy for row in rows)
         filtered = any(not row.request.sampling.is_greedy and (
             row.request.sampling.top_k > 0 or row.request.sampling.top_p < 1) for row in rows)
-        return BucketKey(self.plan.batch_bucket(len(rows)), num_nodes, sampled, filtered,
-                         self._kv_span(rows, num_nodes))
-
-    def _kv_span(self, rows: list[Row], num_nodes: int) -> int:
-        """The round's attention span (`BucketKey.max_kv_len`): the plan's context bucket
-        when every row's keys fit it, else 0 (the pool row's). The host's committed
-        length may lag the device's by the round in flight (pipelined: up to the largest
-        tree's nodes + 1), and this round's tree adds num_nodes + 1 keys. A query past the
-        span would write past its split workspace, so this bound must hold for every row
-        the round carries (the padding rows are the scratch row, reset to 0 after every
-        round)."""
-        bucket = self.plan.context_bucket
-        if not bucket:
-            return 0
-        lag = self.plan.node_buckets[-1] + 1
-        need = max(row.committed_len for row in rows) + lag + num_nodes + 1
-        return bucket if need <= bucket else 0
+        return BucketKey(self.plan.batch_bucket(len(rows)), num_nodes, sampled, filtered)
 
     def _buffers_for(self, key: BucketKey) -> RoundBuffers:
         shape = (key.batch, key.num_nodes)

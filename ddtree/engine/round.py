@@ -45,15 +45,13 @@ from ddtree.tree import DraftTree, ancestor_chains
 
 @dataclass(frozen=True)
 class BucketKey:
-    """A static round shape: batch rows, tree nodes besides the root (0 = ar only), the
-    sampling variant (any row sampled; any row with top-k / top-p), and the attention's
-    key span: `max_kv_len` positions (0: the pool row's; EngineConfig.context_bucket)."""
+    """A static round shape: batch rows, tree nodes besides the root (0 = ar only), and
+    the sampling variant (any row sampled; any row with top-k / top-p)."""
 
     batch: int
     num_nodes: int
     sampled: bool = False
     filtered: bool = False
-    max_kv_len: int = 0
 
 
 class RoundBuffers:
@@ -161,13 +159,12 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     drafter context (`state.pending`, which is b rows wide). A greedy round of ar rows
     only takes `_verify_greedy_ar` (same tokens and pool; `fast_ar=False` walks it as
     one-node trees, which the tests compare it with)."""
-    max_kv_len = key.max_kv_len or pool.max_len
     if key.num_nodes == 0 and not key.sampled and fast_ar:
-        return _verify_greedy_ar(state, target, pool, buffers, max_kv_len)
+        return _verify_greedy_ar(state, target, pool, buffers)
     backend = target.backend
     if (key.num_nodes and not key.sampled and keep_pending and backend.kernels
             and backend.round_commit):
-        return _verify_greedy_tree(state, target, pool, buffers, feature_layers, max_kv_len)
+        return _verify_greedy_tree(state, target, pool, buffers, feature_layers)
     rows = buffers.rows
     committed = state.column(rows, COMMITTED)  # (B,)
     bonus = state.column(rows, BONUS)
@@ -177,7 +174,7 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
     else:
         tree = buffers.tree()
     _, chains = ancestor_chains(tree.parents, buffers.width)  # (B, 1+N, Kt): attention, walk
-    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width, max_kv_len,
+    meta = tree_meta(rows, committed, tree.parents, tree.depth, buffers.width, pool.max_len,
                      chains)
     out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
     batch, num_rows = tree.tokens.shape
@@ -204,8 +201,7 @@ def verify_into(state: SlotState, target: TargetModel, pool: KVPool, buffers: Ro
 
 
 def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
-                        buffers: RoundBuffers, feature_layers: Sequence[int],
-                        max_kv_len: int) -> VerifyOutput:
+                        buffers: RoundBuffers, feature_layers: Sequence[int]) -> VerifyOutput:
     """A drafted round whose rows all walk greedily, with the bookkeeping around the
     forward in kernels (`Backend.round_commit`): the tree metadata, the argmax split over
     the vocabulary, the walk with the commit, then the KV compaction - the same output
@@ -214,7 +210,7 @@ def _verify_greedy_tree(state: SlotState, target: TargetModel, pool: KVPool,
     rows, width = buffers.rows, buffers.width
     tree = buffers.tree()
     assert tree.valid is not None
-    meta, chains = _kernel_meta(state, rows, tree.parents, tree.depth, width, max_kv_len)
+    meta, chains = _kernel_meta(state, rows, tree.parents, tree.depth, width, pool.max_len)
     batch, num_rows = tree.tokens.shape
     out = target(tree.tokens.reshape(-1), meta, pool, feature_layers)
     logits = out.logits.view(batch, num_rows, -1)  # (B, 1+N, V)
@@ -244,7 +240,7 @@ def _kernel_meta(state: SlotState, rows: Tensor, parents: Tensor, depth: Tensor,
 
 
 def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
-                      buffers: RoundBuffers, max_kv_len: int) -> VerifyOutput:
+                      buffers: RoundBuffers) -> VerifyOutput:
     """An ar round at T = 0 (every row's tree is its root alone): the walk of a one-node
     tree is the argmax of the row's logits, the root's K/V already sit at slot
     `committed` (nothing to compact), so the round is the forward, one argmax and two
@@ -257,7 +253,7 @@ def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
     backend = target.backend
     if backend.kernels and backend.round_commit:  # the meta and the commit in kernels
         meta, _ = _kernel_meta(state, rows, buffers.parents[:, :1], buffers.depth[:, :1], 1,
-                               max_kv_len)
+                               pool.max_len)
         logits = target(bonus, meta, pool).logits  # (B, V)
         round_commit.ar_commit(rows, state.ints, (COMMITTED, BONUS),
                                round_commit.argmax_chunks(logits), buffers.out, state.scratch)
@@ -268,7 +264,7 @@ def _verify_greedy_ar(state: SlotState, target: TargetModel, pool: KVPool,
     meta = AttentionMeta(
         positions=committed, write_slot=rows, write_pos=committed, query_slot=rows,
         prefix_len=committed, tree_base=committed, tree_keys=torch.zeros_like(committed)[:, None],
-        num_tree_keys=ones, max_kv_len=max_kv_len, queries_per_row=1)
+        num_tree_keys=ones, max_kv_len=pool.max_len, queries_per_row=1)
     logits = target(bonus, meta, pool).logits  # (B, V)
     next_token = logits.argmax(dim=-1)
     state.ints[rows, COMMITTED: BONUS + 1] = torch.stack([committed + 1, next_token], dim=1)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -171,9 +170,7 @@ SPLIT_PROGRAMS = 2048
 # of a row of 8,192 tokens (33 splits) left each split of ar c8's ~400-token contexts one
 # block (64 positions) ahead instead of all 256. On an H100 (lease 50, ar c8 as MPS
 # clients) its verify took 0.785 ms a round in process and 0.782 through `ddtree serve`,
-# 0.758 and 0.754 with this (rows of the run's length: 0.751). DDTREE_PREFETCH_BY_QUERY=0
-# shares it by the grid's splits (A/B).
-_prefetch_by_query = os.environ.get("DDTREE_PREFETCH_BY_QUERY", "1") != "0"
+# 0.758 and 0.754 with this (rows of the run's length: 0.751).
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16: the G query heads of a KV head are padded to it
 LOG2_E = 1.4426950408889634
 
@@ -324,19 +321,18 @@ def _attend_block(q, k_base, v_base, slot, valid, m_i, l_i, acc, scale_log2, str
 
 @triton.jit
 def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, start,
-                     num_positions, prefetch_splits, num_slots, pool_len, stride_ks, stride_kp,
-                     stride_kh, stride_vs, stride_vp, stride_vh, HEAD_DIM: tl.constexpr,
-                     BLOCK: tl.constexpr, SPLIT: tl.constexpr, LINES: tl.constexpr):
+                     num_positions, num_slots, pool_len, stride_ks, stride_kp, stride_kh, stride_vs,
+                     stride_vp, stride_vh, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                     SPLIT: tl.constexpr, LINES: tl.constexpr):
     """L2 prefetches of the K and V rows (LINES 128-byte lines each) of the first prefix
     positions from `start` (within the split) of query t's pool row, before the kernel
     waits for the previous one: `num_positions` a query (the launch's budget) shared by
-    its splits (`prefetch_splits`; 0: those its prefix fills), whole blocks, at least one.
-    Only addresses depend on the metadata read here: the slot and positions are clamped
-    into the pool, so the prefetch is harmless even if the metadata were not yet final
-    (the real loads follow the wait)."""
+    the splits its prefix fills, whole blocks, at least one. Only addresses depend on the
+    metadata read here: the slot and positions are clamped into the pool, so the prefetch
+    is harmless even if the metadata were not yet final (the real loads follow the wait)."""
     slot = tl.minimum(tl.maximum(tl.load(query_slot_ptr + t).to(tl.int64), 0), num_slots - 1)
     prefix = tl.minimum(tl.maximum(tl.load(prefix_len_ptr + t).to(tl.int32), 0), pool_len)
-    splits = tl.where(prefetch_splits > 0, prefetch_splits, tl.cdiv(tl.maximum(prefix, 1), SPLIT))
+    splits = tl.cdiv(tl.maximum(prefix, 1), SPLIT)
     per_split = tl.maximum(num_positions // splits // BLOCK * BLOCK, BLOCK)
     end = tl.minimum(prefix, start + tl.minimum(per_split, SPLIT))
     k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
@@ -349,7 +345,7 @@ def _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head, s
 
 
 @triton.jit(do_not_specialize=["num_tree_cols", "stride_tree", "num_splits", "num_programs",
-                             "num_prefetch", "prefetch_splits", "num_slots", "pool_len"])
+                             "num_prefetch", "num_slots", "pool_len"])
 def _tree_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_acc_ptr, ws_stat_ptr,
     query_slot_ptr, prefix_len_ptr, tree_base_ptr, tree_keys_ptr, num_tree_keys_ptr,
@@ -359,8 +355,7 @@ def _tree_attention_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
     DOT_IEEE: tl.constexpr, PREFIX_LOOP: tl.constexpr, USE_PDL: tl.constexpr = False,
-    PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, prefetch_splits=0, num_slots=1,
-    pool_len=1,
+    PREFETCH_LINES: tl.constexpr = 0, num_prefetch=0, num_slots=1, pool_len=1,
     QUERY_GROUP: tl.constexpr = 1, MEMBERS_PAD: tl.constexpr = 1,
 ):
     """Program (t, kv_head, p) attends query t's splits p, p + num_programs, ... (each
@@ -375,8 +370,7 @@ def _tree_attention_split_kernel(
     first_split = tl.program_id(2)
     if PREFETCH_LINES > 0:  # dependent launch: its first split's prefix K/V lines into L2
         _prefetch_prefix(k_ptr, v_ptr, query_slot_ptr, prefix_len_ptr, t, kv_head,
-                         first_split * SPLIT, num_prefetch, prefetch_splits, num_slots,
-                         pool_len, stride_ks,
+                         first_split * SPLIT, num_prefetch, num_slots, pool_len, stride_ks,
                          stride_kp, stride_kh, stride_vs, stride_vp, stride_vh, HEAD_DIM,
                          BLOCK, SPLIT, PREFETCH_LINES)
     wait_for_inputs(USE_PDL)
@@ -579,11 +573,10 @@ def tree_attention_tiled(
     # 128-byte lines per K (or V) row, for the prefix prefetch of a dependent launch
     lines = max(1, head_dim * k_cache.element_size() // 128) if pdl and prefetch_enabled() else 0
     # prefix positions a query asks for ahead within the L2 budget (K and V of every
-    # query), shared by the splits its prefix fills (by_query) or by all the grid's
+    # query), shared by the splits its prefix fills (in the kernel)
     num_prefetch = block_n * prefetch_blocks(
         2 * num_queries * num_kv_heads * block_n * head_dim * k_cache.element_size(),
         num_splits * split_size // block_n)
-    prefetch_splits = 0 if _prefetch_by_query else num_splits
     if num_tree_cols == 0:  # never read (masked), but the kernel needs a real pointer
         tree_keys = tree_keys.new_empty((num_queries, 1))
     # programs a query: every split its own up to SPLIT_PROGRAMS programs in all
@@ -604,8 +597,7 @@ def tree_attention_tiled(
         MEMBERS_PAD=triton.next_power_of_2(query_group), NUM_HEADS=num_heads,
         HEAD_DIM=head_dim, BLOCK=block_n, SPLIT=split_size,
         DOT_IEEE=dot_in_float32(q), PREFIX_LOOP=prefix_loop, USE_PDL=pdl,
-        PREFETCH_LINES=lines, num_prefetch=num_prefetch, prefetch_splits=prefetch_splits,
-        num_slots=k_cache.shape[0],
+        PREFETCH_LINES=lines, num_prefetch=num_prefetch, num_slots=k_cache.shape[0],
         pool_len=k_cache.shape[1], num_warps=num_warps, **launch_kwargs(pdl))
     kernel = _tree_attention_split_kernel[grid](*args, num_stages=num_stages, **options)
 

@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|r162|r163|164|165   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1136,18 +1136,13 @@ r157)
       off_base) mps=off extra="" ;;
       mps_short) mps=auto extra="--max-model-len 1024" ;;  # call r161: rows sized as in process
       off_short) mps=off extra="--max-model-len 1024" ;;
-      mps_ctx) mps=auto extra="" ;;  # call r161: DDTREE_CONTEXT_BUCKET=2048 (below)
-      mps_old) mps=auto extra="" ;;  # call r163: DDTREE_PREFETCH_BY_QUERY=0 (below)
     esac
-    ctx=0 byq=1
-    [ $setting = mps_ctx ] && ctx=2048
-    [ $setting = mps_old ] && byq=0
     # *_base: .basegw's gateway package in place of this one while that serve runs (the
     # working directory comes first on a `python -m` path: PYTHONPATH cannot put it first)
     case $setting in *_base) mv gateway .gateway_now && cp -r .basegw/gateway gateway ;; esac
     python3 -c 'import gateway.responses as r
 print("gateway:", "this checkout" if hasattr(r.Formatter, "chunk_event") else "earlier")'
-    DDTREE_CONTEXT_BUCKET=$ctx DDTREE_MPS=$mps DDTREE_PREFETCH_BY_QUERY=$byq \
+    DDTREE_MPS=$mps \
       SERVE_ARGS="$extra --budget 16 --max-budget 16 --max-num-seqs 8" \
       setting_runs $setting ar:1:8 ar:1:8
     rc=$?
@@ -1181,64 +1176,22 @@ r161)
   # stage times since the thirty-ninth session (scripts/gpu/stage_summary.py: verify ms a
   # round). Lease 46 put serve's rounds at 0.781 ms as MPS clients and 0.750 without, while
   # MPS cost 0.7% of ar's throughput in process. In process off / mps, then serve mps /
-  # mps_ctx (DDTREE_CONTEXT_BUCKET=2048: rounds whose keys fit 2,048 run graphs sized for
-  # it) / off / mps_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the
+  # off / mps_short (--max-model-len 1024: rows nearer the bench's ~700 tokens; the
   # attention's split grid is sized from the row length: 33 splits a query at 8,192, 5 at
-  # 1,024, most of them idle in ar's short contexts), then in process mps / off again; the
-  # summary table last (~8 min; off_short on request).
+  # 1,024), then in process mps / off again; the summary table last (~7 min). Lease 48
+  # ran it at 8d88337 with a context bucket of 2,048 as well (mps_ctx; removed since:
+  # the fix was the prefetch's sharing, 51f78dd). Calls r162 and r163 (leases 49, 50: ar
+  # c8 in process at rows of 8,192 by KV storage order, context bucket and prefetch
+  # sharing; scripts/gpu/bench_engine_config.py) ran at 8fe6815 and 51f78dd: check
+  # out that commit to run them again.
   T=$R
   [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
   ar8 off
   ar8 mps
-  R157_SETTINGS="${R157_SETTINGS:-mps mps_ctx off mps_short}" R157_INPROCESS=0 R157_PACK=0 \
+  R157_SETTINGS="${R157_SETTINGS:-mps off mps_short}" R157_INPROCESS=0 R157_PACK=0 \
     bash "$0" r157 || exit 3
   ar8 mps
   ar8 off
-  summary_and_pack $1
-  ;;
-r162|r163)
-  # (carry .whl and .carry/rand: no staging; fortieth session) ar c8 in process at rows of
-  # the run (short) or of 8,192 (full, as `ddtree serve` sizes them), with a context
-  # bucket of 1,024 (b1024), as an MPS client unless _off (scripts/gpu/bench_engine_config.py)
-  # r162 (lease 49): lease 48 put serve's round at 0.780 ms as an MPS client with rows of
-  #   8,192, 0.773 with a context bucket of 2,048, 0.754 with rows of 1,024: the grid or
-  #   where the rows lie? The pool stored by layer, by position or by row (an A/B of
-  #   kv_pool.py at 8fe6815, DDTREE_KV_LAYOUT; none moved it: the grid it was)
-  # r163: the attention's prefix prefetch shared by the splits a query's prefix fills (new)
-  #   or by the grid's (old, DDTREE_PREFETCH_BY_QUERY=0), or none (nopf,
-  #   DDTREE_PDL_PREFETCH=0); then through serve as MPS clients, new and old, twice each
-  #   (~8 min)
-  T=$R
-  [ -f $T/model.safetensors ] || python3 scripts/gpu/random_target.py .carry/rand $T
-  if [ $1 = r162 ]; then
-    runs="short:layer full:layer full_b1024:layer full_b1024:position full_b1024:row \
-      full:position short:position full_b1024:layer full_b1024:position full_off:layer \
-      full_b1024_off:layer full_b1024_off:position"
-  else
-    runs="full:old full:new full_b1024:new full:nopf short:new"
-  fi
-  for run in ${INPROC_RUNS:-$runs}; do
-    setting=${run%%:*} variant=${run##*:}
-    args=()
-    case $setting in full*) args+=(--max-model-len 8192) ;; esac
-    case $setting in *b1024*) args+=(--context-bucket 1024) ;; esac
-    runner=(python3 scripts/gpu/under_mps.py --)
-    case $setting in *_off) runner=(env) ;; esac
-    byq=1 pf=1
-    case $variant in old) byq=0 ;; nopf) pf=0 ;; esac
-    mark "ar c8 in process: $setting, $variant"
-    [ $1 = r162 ] && export DDTREE_KV_LAYOUT=$variant  # read by 8fe6815's kv_pool.py
-    DDTREE_PREFETCH_BY_QUERY=$byq DDTREE_PDL_PREFETCH=$pf \
-      timeout 120 "${runner[@]}" python3 scripts/gpu/bench_engine_config.py "${args[@]}" -- \
-      --target $T --drafter $D --prompts humaneval --num-prompts 160 --num-requests 160 \
-      --modes ar --concurrency 8 --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_${setting}_${variant}_$(date +%s).json" 2>&1 \
-      | grep -E "humaneval|rror"
-  done
-  if [ $1 = r163 ]; then
-    R157_SETTINGS="${R157_SETTINGS:-mps mps_old mps}" R157_INPROCESS=0 R157_PACK=0 \
-      bash "$0" r157 || exit 3
-  fi
   summary_and_pack $1
   ;;
 155)
