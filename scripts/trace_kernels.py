@@ -1,6 +1,10 @@
 """Kernels (and copies) of a round trace (ddtree/round_trace.py) by GPU time a round, with
 their grids, between the trace's first and last round marks (a trace without them, as
-engine_bench's profile8b writes: the whole trace, as one window):
+engine_bench's profile8b writes: the whole trace, as one window). Under dependent
+launches a kernel is resident (and timed) while the one before it runs, so a second
+table charges each kernel only the time from the latest end before it to its own end
+(what it added to the stream's critical path; idle gaps are charged to the kernel after
+them), and gives the idle time:
 
     python3 scripts/trace_kernels.py engine-123.json [N]
 """
@@ -35,6 +39,22 @@ def main(argv: list[str]) -> int:
     print(f"{path}: {rounds} rounds, kernel time {sum(total.values()) / rounds:.1f} us a round "
           "(overlapping kernels counted each)")
     for key, value in total.most_common(top):
+        print(f"{value / rounds:9.1f} us {calls[key] / rounds:6.2f}/round  {key}")
+    charged: collections.Counter[str] = collections.Counter()
+    idle, last_end = 0.0, None
+    for e in sorted((e for e in events if e.get("cat") in GPU_CATS
+                     and lo <= base + e["ts"] <= hi), key=lambda e: e["ts"]):
+        end = e["ts"] + e.get("dur", 0.0)
+        key = f"{e['name'][:60]} {e.get('args', {}).get('grid', '')}"
+        if last_end is None:
+            charged[key] += end - e["ts"]
+        elif end > last_end:
+            charged[key] += end - last_end
+            idle += max(0.0, e["ts"] - last_end)
+        last_end = end if last_end is None else max(last_end, end)
+    print(f"critical path {sum(charged.values()) / rounds:.1f} us a round, of it idle "
+          f"{idle / rounds:.1f} us (charged: end minus the latest end before)")
+    for key, value in charged.most_common(top):
         print(f"{value / rounds:9.1f} us {calls[key] / rounds:6.2f}/round  {key}")
     return 0
 

@@ -86,6 +86,46 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+class RoundEnds:
+    """Bench instrumentation (a context manager around a run): a timing event recorded on
+    the stream right after each round the engine enqueues (its graph and its output copy),
+    so the device time a round takes in steady state, gaps between rounds included, is
+    read without the pipeline's fill and drain. A pipelined run of n tokens launches n
+    rounds for n - 1 tokens after the prefill's: the round that produced the first of them
+    overlaps the first step, and one more round runs after the last token (its output
+    dropped); `decode_s / (rounds - 1)` charged both to the steady rounds (8B ar, 64
+    tokens: ~1.5 rounds over 62, ~2.4%)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.events: list[Any] = []
+
+    def __enter__(self) -> RoundEnds:
+        launch = self.engine._launch
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            flight = launch(*args, **kwargs)
+            if torch.cuda.is_available():
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                self.events.append(event)
+            return flight
+
+        self.engine._launch = recorded
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.engine._launch  # the class's method again
+
+    def steady_ms(self) -> float | None:
+        """Mean device time a round from the end of the first round to the end of the last
+        round that produced tokens (the last launched is the dropped one); after a sync."""
+        ends = self.events[:-1]
+        if len(ends) < 3:
+            return None
+        return ends[0].elapsed_time(ends[-1]) / (len(ends) - 1)
+
+
 def run_batch(engine: Any, prompts: list[list[int]], spec: SpecParams, max_tokens: int,
               sampling: SamplingParams | None = None) -> dict[str, Any]:
     """All prompts submitted at once; -> tokens per prompt, wall time (prefill included),
@@ -577,15 +617,24 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
     for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
                        ("linear", SpecParams("linear"))):
         run_batch(engine, [prompt], spec, 8)  # warm-up + capture
-        run = run_batch(engine, [prompt], spec, 64)
+        with RoundEnds(engine) as ends:
+            run = run_batch(engine, [prompt], spec, 64)
         rounds = max(run["rounds"], 1)
         ar_tokens = ar_tokens or run["tokens"]
+        steady = ends.steady_ms()
         # random weights: near-tied logits everywhere, so a verify whose bits differ from
-        # the ar step's shows up as another token
+        # the ar step's shows up as another token. round_ms: the decode's wall time over
+        # rounds - 1 (as every lease before the forty-first reported it); step_ms: a
+        # round's device time in steady state (RoundEnds)
         rows[name] = {"round_ms": round(run["decode_s"] / max(rounds - 1, 1) * 1e3, 3),
+                      "step_ms": round(steady, 3) if steady is not None else None,
                       **{f"{k}_ms": round(v / rounds * 1e3, 3) for k, v in run["stages"].items()},
                       "same_as_ar": run["tokens"] == ar_tokens}
         print(f"8B {name}: {rows[name]}", flush=True)
+    for key in ("round_ms", "step_ms"):
+        if rows["ar"][key]:
+            print(f"8B ar {key} / floor {rows['ar'][key] / rows['floor_ms']:.3f}x "
+                  f"(floor {rows['floor_ms']} ms at {rows['copy_tb_s']} TB/s)", flush=True)
     print(json.dumps(rows), flush=True)
     return rows
 
@@ -600,8 +649,10 @@ def stage_profile8b(args: argparse.Namespace) -> dict[str, Any]:
     engine = build_engine(target, drafter, EngineConfig(max_num_seqs=8, max_model_len=1024,
                                                         max_budget=64))
     tables = []
-    for name, spec in (("ar", SpecParams("ar")), ("tree@63", SpecParams("tree", 63)),
-                       ("linear", SpecParams("linear"))):
+    modes = {"ar": SpecParams("ar"), "tree@63": SpecParams("tree", 63),
+             "linear": SpecParams("linear")}
+    for name in args.profile8b_modes.split(","):
+        spec = modes[name]
         run_batch(engine, [PROMPT_8B], spec, 8)  # warm-up + capture
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             run_batch(engine, [PROMPT_8B], spec, 8)
@@ -708,8 +759,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--linear-table", type=Path, default=None,
                         help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
                              "to run with instead of the committed one (A/B of tilings)")
+    parser.add_argument("--prefetch-mb", type=float, default=None,
+                        help="the dependent launches' L2 prefetch budget in MiB instead of "
+                             "launch.PREFETCH_BUDGET_BYTES (A/B; a prefetch moves no bit)")
     parser.add_argument("--profile-modes", default="ar,tree@16,tree@32",
                         help="profile stage: the modes profiled at batch 1 and 8")
+    parser.add_argument("--profile8b-modes", default="ar,tree@63,linear",
+                        help="profile8b: the modes traced (the draft graphs are then "
+                             "replayed alone if any were captured)")
     parser.add_argument("--prefill-profile", action=argparse.BooleanOptionalAction,
                         default=True, help="profile stage: the first token's time too")
     parser.add_argument("--load-tokens", type=int, default=128)
@@ -718,6 +775,10 @@ def main(argv: list[str]) -> int:
                              "(Engine.warm_up), so no run pays a capture")
     parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)
+    if args.prefetch_mb is not None:  # read at every launch (graph capture)
+        from ddtree.kernels import launch
+
+        launch.PREFETCH_BUDGET_BYTES = int(args.prefetch_mb * (1 << 20))
     if args.linear_table is not None:  # read by linear_config at every launch
         from ddtree.kernels import matmul
 

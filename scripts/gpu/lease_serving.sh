@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1169,6 +1169,35 @@ r159)
   # .basegw`), as MPS clients and without MPS, alternated; then in process
   [ -d .basegw/gateway ] || { echo "no .basegw/gateway"; exit 3; }
   R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
+  ;;
+r166)
+  # (carry .whl only: random 8B weights built here, no staging) the 8B ar step. shapes8b now
+  # reports step_ms, a round's device time in steady state (engine_bench.RoundEnds),
+  # beside round_ms (decode wall / (rounds - 1), every earlier lease's figure: it also
+  # counts the pipeline's fill and the dropped round after the last token). Variants,
+  # alternated: the prefetch budget (8 MiB default, 16, 32) and each kernel letting the
+  # next launch before its own wait (DDTREE_PDL_EARLY=1); then the ar steps traced with
+  # and without it, each kernel charged its share of the critical path
+  # (scripts/trace_kernels.py). ~4 min.
+  i=0
+  for v in "0|" "0|--prefetch-mb 16" "1|" "0|--prefetch-mb 32" "0|" "1|--prefetch-mb 16" "1|"; do
+    i=$((i + 1)); mark "shapes8b early=${v%%|*} ${v#*|}"
+    DDTREE_PDL_EARLY=${v%%|*} timeout 150 python3 scripts/gpu/engine_bench.py \
+      --stages shapes8b ${v#*|} --target $T --humaneval $H 2>&1 | grep -v Warn \
+      | grep -E "^8B|Error"
+    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${i}_early${v%%|*}.json"
+  done
+  for early in 0 1; do
+    mark "profile8b ar early=$early"
+    DDTREE_PDL_EARLY=$early timeout 150 python3 scripts/gpu/engine_bench.py --stages profile8b \
+      --profile8b-modes ar --target $T --humaneval $H 2>&1 | grep -E "Error" | head -5
+    mv "$OUT/trace8b_ar.json" "$OUT/trace_8b_ar_early$early.json"
+    python3 scripts/trace_kernels.py "$OUT/trace_8b_ar_early$early.json" 32 \
+      > "$OUT/kernels_8b_ar_early$early.txt"
+    grep -A32 "critical path" "$OUT/kernels_8b_ar_early$early.txt"
+  done
+  pack_all $1
+  mark done
   ;;
 r161)
   # (carry .whl and .carry/rand: no staging) the device time of ar's c8 rounds in
