@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
+import hashlib
 import json
 import os
 import sys
@@ -631,6 +632,10 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                       **{f"{k}_ms": round(v / rounds * 1e3, 3) for k, v in run["stages"].items()},
                       "same_as_ar": run["tokens"] == ar_tokens}
         print(f"8B {name}: {rows[name]}", flush=True)
+    # the ar tokens' digest: variants that must not move a bit (prefetch, launch order,
+    # load order) compare it across runs
+    rows["ar_tokens_sha1"] = hashlib.sha1(repr(ar_tokens).encode()).hexdigest()[:12]
+    print(f"8B ar tokens sha1 {rows['ar_tokens_sha1']}", flush=True)
     for key in ("round_ms", "step_ms"):
         if rows["ar"][key]:
             print(f"8B ar {key} / floor {rows['ar'][key] / rows['floor_ms']:.3f}x "
