@@ -261,11 +261,6 @@ def _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask
         tl.store(part, acc, mask=mask)
 
 
-# A/B for one lease (DDTREE_STATIC_NORM=0: the reduce's norm reads its row back in a
-# runtime loop, as before)
-STATIC_NORM = tl.constexpr(os.environ.get("DDTREE_STATIC_NORM", "1") != "0")
-
-
 @triton.jit(do_not_specialize=["num_rows"])
 def _split_k_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, num_rows, N, eps, stride_om, stride_rm,
@@ -281,8 +276,6 @@ def _split_k_reduce_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    if NORM:  # in flight with the partials
-        weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
     out = _split_sum(part_ptr, bias_ptr, out_ptr, r_ptr, row, cols, mask, num_rows, N,
                      stride_rm, HAS_BIAS, SPLIT_K, NORM)
     tl.store(out_ptr + row * stride_om + cols, out, mask=mask)
@@ -290,8 +283,8 @@ def _split_k_reduce_kernel(
         tl.debug_barrier()  # this program's stores of h visible to all its threads
         one = tl.full([1], True, tl.int1)
         sum_sq = sum_squares(out_ptr, out_ptr, out_ptr, row + tl.arange(0, 1), one, one,
-                             stride_om, stride_om, stride_om, N, False, 1, 16,
-                             BLOCK if STATIC_NORM else 0)  # BLOCK >= N: the row's loads at once
+                             stride_om, stride_om, stride_om, N, False, 1, 16)
+        weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
         tl.store(y_ptr + row * stride_ym + cols,
                  rms_scale(out, inverse_rms(sum_sq, N, eps), weight), mask=mask)
 

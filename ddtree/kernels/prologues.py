@@ -36,7 +36,7 @@ def residual_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, stride_r,
                 stride_h, hidden, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
-                GROUP: tl.constexpr = 1, MAX_HIDDEN: tl.constexpr = 0):
+                GROUP: tl.constexpr = 1):
     """rows: (ROWS,) -> (ROWS,) float32 sums of h * h over the `hidden` columns of those
     rows, h = `residual_sum`; with a residual, the rows where `store_rows` (ROWS,) holds
     get h written to h_ptr on the way. Order: each of NORM_CHUNK lanes adds its columns
@@ -49,12 +49,7 @@ def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, strid
     keeps the second from being issued early (h_ptr may alias x), so one chunk per step
     waits a memory latency per 64 columns (64 a row at hidden 4,096: ~25 us a norm on
     the H200, ~28% of an 8B ar step, lease 10; 6 us in groups of 8). The additions keep
-    their order either way. With GROUP 16 and MAX_HIDDEN (a bound on `hidden`, 0 for
-    none) the loop is unrolled to MAX_HIDDEN's steps: without stores between them (no
-    residual) every step's loads are issued before the first addition (the reduce
-    kernel's norm reads back the row it stored: 4 memory latencies in a row at hidden
-    4,096); steps past `hidden` add squares of masked zeros, which leaves every sum as
-    it was."""
+    their order either way."""
     cols = tl.arange(0, NORM_CHUNK)
     acc = tl.zeros([ROWS, NORM_CHUNK], tl.float32)
     if GROUP == 1:
@@ -70,45 +65,27 @@ def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, strid
             acc += h32 * h32
     else:
         tl.static_assert(GROUP == 16, "sum_squares groups 1 or 16 chunks")
-        if MAX_HIDDEN > 0:
-            for c0 in tl.static_range(0, MAX_HIDDEN, NORM_CHUNK * GROUP):
-                acc = _add_squares_of_16(acc, x_ptr, r_ptr, h_ptr, rows, row_mask,
-                                         store_rows, stride_x, stride_r, stride_h, hidden,
-                                         c0, HAS_RESIDUAL, ROWS)
-        else:
-            for c0 in range(0, hidden, NORM_CHUNK * GROUP):
-                acc = _add_squares_of_16(acc, x_ptr, r_ptr, h_ptr, rows, row_mask,
-                                         store_rows, stride_x, stride_r, stride_h, hidden,
-                                         c0, HAS_RESIDUAL, ROWS)
+        # two (ROWS, lane, 8) tiles: column c0 + (8 * half + chunk) * NORM_CHUNK + lane
+        eight = tl.arange(0, 8)
+        for c0 in range(0, hidden, NORM_CHUNK * GROUP):
+            offs = c0 + eight[None, None, :] * NORM_CHUNK + cols[None, :, None]
+            mask = row_mask[:, None, None] & (offs < hidden)
+            offs2 = offs + 8 * NORM_CHUNK
+            mask2 = row_mask[:, None, None] & (offs2 < hidden)
+            x_rows = x_ptr + rows[:, None, None] * stride_x
+            r_rows = r_ptr + rows[:, None, None] * stride_r
+            h = residual_sum(x_rows + offs, r_rows + offs, mask, HAS_RESIDUAL)
+            h2 = residual_sum(x_rows + offs2, r_rows + offs2, mask2, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                h_rows = h_ptr + rows[:, None, None] * stride_h
+                tl.store(h_rows + offs, h, mask=mask & store_rows[:, None, None])
+                tl.store(h_rows + offs2, h2, mask=mask2 & store_rows[:, None, None])
+            acc = _add_squares_of_8(acc, h.to(tl.float32), ROWS)
+            acc = _add_squares_of_8(acc, h2.to(tl.float32), ROWS)
     for _ in tl.static_range(NORM_CHUNK_LOG2):  # (ROWS, w) -> (ROWS, w / 2), unrolled
         left, right = tl.split(tl.reshape(acc, [ROWS, acc.shape[1] // 2, 2]))
         acc = left + right
     return tl.reshape(acc, [ROWS])
-
-
-@triton.jit
-def _add_squares_of_16(acc, x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x,
-                       stride_r, stride_h, hidden, c0, HAS_RESIDUAL: tl.constexpr,
-                       ROWS: tl.constexpr):
-    """acc (ROWS, NORM_CHUNK) + the squares of the 16 chunks from column c0, in order:
-    two (ROWS, lane, 8) tiles, column c0 + (8 * half + chunk) * NORM_CHUNK + lane, both
-    loaded before h is stored (with a residual) or anything is added."""
-    cols = tl.arange(0, NORM_CHUNK)
-    eight = tl.arange(0, 8)
-    offs = c0 + eight[None, None, :] * NORM_CHUNK + cols[None, :, None]
-    mask = row_mask[:, None, None] & (offs < hidden)
-    offs2 = offs + 8 * NORM_CHUNK
-    mask2 = row_mask[:, None, None] & (offs2 < hidden)
-    x_rows = x_ptr + rows[:, None, None] * stride_x
-    r_rows = r_ptr + rows[:, None, None] * stride_r
-    h = residual_sum(x_rows + offs, r_rows + offs, mask, HAS_RESIDUAL)
-    h2 = residual_sum(x_rows + offs2, r_rows + offs2, mask2, HAS_RESIDUAL)
-    if HAS_RESIDUAL:
-        h_rows = h_ptr + rows[:, None, None] * stride_h
-        tl.store(h_rows + offs, h, mask=mask & store_rows[:, None, None])
-        tl.store(h_rows + offs2, h2, mask=mask2 & store_rows[:, None, None])
-    acc = _add_squares_of_8(acc, h.to(tl.float32), ROWS)
-    return _add_squares_of_8(acc, h2.to(tl.float32), ROWS)
 
 
 @triton.jit
