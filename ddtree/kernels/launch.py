@@ -98,14 +98,6 @@ def launch_kwargs(pdl: bool) -> dict[str, Any]:
     return {"launch_pdl": True} if pdl else {}
 
 
-# A/B (`DDTREE_PDL_EARLY=1`, read once per process): each kernel lets the next one launch
-# before its own wait instead of after it, so a chain of small kernels has several
-# launches resident at once and each GEMM's prefetch starts earlier. Still race-free: a
-# kernel's wait is for the one before it to complete, and that one completed only after
-# its own wait.
-PDL_EARLY = tl.constexpr(os.environ.get("DDTREE_PDL_EARLY", "0") == "1")
-
-
 @triton.jit
 def wait_for_inputs(USE_PDL: tl.constexpr):
     """Called by every kernel launched with `launch_kwargs` before any load its result
@@ -113,12 +105,8 @@ def wait_for_inputs(USE_PDL: tl.constexpr):
     kernel in the stream has completed and its writes are visible, then allow the next
     kernel to be launched (it waits here in turn)."""
     if USE_PDL:
-        if PDL_EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        else:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

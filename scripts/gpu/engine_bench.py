@@ -632,8 +632,8 @@ def stage_shapes8b(args: argparse.Namespace) -> dict[str, Any]:
                       **{f"{k}_ms": round(v / rounds * 1e3, 3) for k, v in run["stages"].items()},
                       "same_as_ar": run["tokens"] == ar_tokens}
         print(f"8B {name}: {rows[name]}", flush=True)
-    # the ar tokens' digest: variants that must not move a bit (prefetch, launch order,
-    # load order) compare it across runs
+    # the ar tokens' digest: runs that must not move a bit (the same tilings on other
+    # machines, launch and prefetch changes) compare it across runs
     rows["ar_tokens_sha1"] = hashlib.sha1(repr(ar_tokens).encode()).hexdigest()[:12]
     print(f"8B ar tokens sha1 {rows['ar_tokens_sha1']}", flush=True)
     for key in ("round_ms", "step_ms"):
@@ -764,9 +764,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--linear-table", type=Path, default=None,
                         help="a GEMM tiling table (JSON, as ddtree/kernels/linear_tuned.json) "
                              "to run with instead of the committed one (A/B of tilings)")
-    parser.add_argument("--prefetch-mb", type=float, default=None,
-                        help="the dependent launches' L2 prefetch budget in MiB instead of "
-                             "launch.PREFETCH_BUDGET_BYTES (A/B; a prefetch moves no bit)")
     parser.add_argument("--profile-modes", default="ar,tree@16,tree@32",
                         help="profile stage: the modes profiled at batch 1 and 8")
     parser.add_argument("--profile8b-modes", default="ar,tree@63,linear",
@@ -780,10 +777,6 @@ def main(argv: list[str]) -> int:
                              "(Engine.warm_up), so no run pays a capture")
     parser.add_argument("--temperatures", default="0,1", help="acceptance stage")
     args = parser.parse_args(argv)
-    if args.prefetch_mb is not None:  # read at every launch (graph capture)
-        from ddtree.kernels import launch
-
-        launch.PREFETCH_BUDGET_BYTES = int(args.prefetch_mb * (1 << 20))
     if args.linear_table is not None:  # read by linear_config at every launch
         from ddtree.kernels import matmul
 

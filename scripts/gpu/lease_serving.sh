@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166|r168   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1170,53 +1170,24 @@ r159)
   [ -d .basegw/gateway ] || { echo "no .basegw/gateway"; exit 3; }
   R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
   ;;
-r168)
-  # (after 0-3, g3b-g3e, carry .carry/g4) each kernel letting the next launch before its
-  # own wait (DDTREE_PDL_EARLY=1; lease 52, 8B shapes: tree@63's verify 7.02 -> 6.84 ms,
-  # linear's 6.20 -> 6.12, ar's step 5.88 -> 5.97) on the demo's batch-1 rows: ar, linear,
-  # tree@16, tree@32, off / on / off / on (engine_bench speed, no transformers); then the
-  # 8B shapes twice as committed (step_ms). ~5 min. Call r167 (lease 53: the split-K
-  # reduce's norm reading its row back in a static loop, a 4.1 -> 62 us reduce, reverted)
-  # ran at c35f625.
-  [ -f $T/config.json ] || stage_target
-  i=0
-  for e in 0 1 0 1; do
-    i=$((i + 1)); mark "speed early=$e"
-    DDTREE_PDL_EARLY=$e timeout 220 python3 scripts/gpu/engine_bench.py --stages speed \
-      --speed-modes ar,linear,tree@16,tree@32 --speed-variants plain --no-hf --target $T \
-      --humaneval $H 2>&1 | grep -E "tok/s|Error|error" | grep -v Warn | tail -6
-    mv "$OUT/engine_speed.json" "$OUT/engine_speed_${i}_early$e.json"
-  done
-  shapes8b_runs - -
-  pack_all $1
-  mark done
-  ;;
 r166)
-  # (carry .whl only: random 8B weights built here, no staging) the 8B ar step. shapes8b now
-  # reports step_ms, a round's device time in steady state (engine_bench.RoundEnds),
-  # beside round_ms (decode wall / (rounds - 1), every earlier lease's figure: it also
-  # counts the pipeline's fill and the dropped round after the last token). Variants,
-  # alternated: the prefetch budget (8 MiB default, 16, 32) and each kernel letting the
-  # next launch before its own wait (DDTREE_PDL_EARLY=1); then the ar steps traced with
-  # and without it, each kernel charged its share of the critical path
-  # (scripts/trace_kernels.py). ~4 min.
-  i=0
-  for v in "0|" "0|--prefetch-mb 16" "1|" "0|--prefetch-mb 32" "0|" "1|--prefetch-mb 16" "1|"; do
-    i=$((i + 1)); mark "shapes8b early=${v%%|*} ${v#*|}"
-    DDTREE_PDL_EARLY=${v%%|*} timeout 150 python3 scripts/gpu/engine_bench.py \
-      --stages shapes8b ${v#*|} --target $T --humaneval $H 2>&1 | grep -v Warn \
-      | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${i}_early${v%%|*}.json"
-  done
-  for early in 0 1; do
-    mark "profile8b ar early=$early"
-    DDTREE_PDL_EARLY=$early timeout 150 python3 scripts/gpu/engine_bench.py --stages profile8b \
-      --profile8b-modes ar --target $T --humaneval $H 2>&1 | grep -E "Error" | head -5
-    mv "$OUT/trace8b_ar.json" "$OUT/trace_8b_ar_early$early.json"
-    python3 scripts/trace_kernels.py "$OUT/trace_8b_ar_early$early.json" 32 \
-      > "$OUT/kernels_8b_ar_early$early.txt"
-    grep -A32 "critical path" "$OUT/kernels_8b_ar_early$early.txt"
-  done
+  # (carry .whl only: random 8B weights built here, no staging; any machine, an H200 where
+  # one comes) the 8B shapes twice: shapes8b reports step_ms, a round's device time in
+  # steady state (engine_bench.RoundEnds), beside round_ms (decode wall / (rounds - 1),
+  # every lease's figure before the forty-first session: it also counts the pipeline's
+  # fill and the dropped round after the last token); then the ar steps traced, each
+  # kernel charged its share of the critical path (scripts/trace_kernels.py). ~2 min.
+  # Leases 52-54 (forty-first session) ran variants of it at ee83194: the prefetch budget
+  # (--prefetch-mb 16 / 32), each kernel letting the next launch before its own wait
+  # (DDTREE_PDL_EARLY=1; also on the demo's batch-1 rows, call r168) and the split-K
+  # reduce's norm in a static loop (call r167, at c35f625); all slower, removed.
+  shapes8b_runs - -
+  mark "profile8b ar"
+  timeout 150 python3 scripts/gpu/engine_bench.py --stages profile8b --profile8b-modes ar \
+    --target $T --humaneval $H 2>&1 | grep -E "Error" | head -5
+  mv "$OUT/trace8b_ar.json" "$OUT/trace_8b_ar.json"
+  python3 scripts/trace_kernels.py "$OUT/trace_8b_ar.json" 32 > "$OUT/kernels_8b_ar.txt"
+  grep -A32 "critical path" "$OUT/kernels_8b_ar.txt"
   pack_all $1
   mark done
   ;;
