@@ -261,10 +261,6 @@ def _store_tile(acc, bias_ptr, out_ptr, part_ptr, rows, cols, row_mask, col_mask
         tl.store(part, acc, mask=mask)
 
 
-# A/B for one lease (DDTREE_NORM_PIPELINE=1: the read-back loop's steps one after another)
-NORM_PIPELINE = tl.constexpr(int(os.environ.get("DDTREE_NORM_PIPELINE", "5")))
-
-
 @triton.jit(do_not_specialize=["num_rows"])
 def _split_k_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, r_ptr, nw_ptr, y_ptr, num_rows, N, eps, stride_om, stride_rm,
@@ -287,8 +283,7 @@ def _split_k_reduce_kernel(
         tl.debug_barrier()  # this program's stores of h visible to all its threads
         one = tl.full([1], True, tl.int1)
         sum_sq = sum_squares(out_ptr, out_ptr, out_ptr, row + tl.arange(0, 1), one, one,
-                             stride_om, stride_om, stride_om, N, False, 1, 16,
-                             NORM_PIPELINE)
+                             stride_om, stride_om, stride_om, N, False, 1, 16)
         weight = tl.load(nw_ptr + cols, mask=mask, other=0.0)
         tl.store(y_ptr + row * stride_ym + cols,
                  rms_scale(out, inverse_rms(sum_sq, N, eps), weight), mask=mask)

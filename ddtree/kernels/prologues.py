@@ -36,7 +36,7 @@ def residual_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, stride_r,
                 stride_h, hidden, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
-                GROUP: tl.constexpr = 1, PIPELINE: tl.constexpr = 1):
+                GROUP: tl.constexpr = 1):
     """rows: (ROWS,) -> (ROWS,) float32 sums of h * h over the `hidden` columns of those
     rows, h = `residual_sum`; with a residual, the rows where `store_rows` (ROWS,) holds
     get h written to h_ptr on the way. Order: each of NORM_CHUNK lanes adds its columns
@@ -48,11 +48,8 @@ def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, strid
     runtime loop's loads are not pipelined, and a store of h between two chunks' loads
     keeps the second from being issued early (h_ptr may alias x), so one chunk per step
     waits a memory latency per 64 columns (64 a row at hidden 4,096: ~25 us a norm on
-    the H200, ~28% of an 8B ar step, lease 10; 6 us in groups of 8). PIPELINE > 1 (groups
-    of 16, no residual: a row read back) lets the compiler issue the next PIPELINE - 1
-    steps' loads ahead (tl.range's software pipeline, cp.async into shared memory): the
-    split-K reduce's norm reads its 4,096-wide row in one memory latency instead of four.
-    The additions keep their order either way."""
+    the H200, ~28% of an 8B ar step, lease 10; 6 us in groups of 8). The additions keep
+    their order either way."""
     cols = tl.arange(0, NORM_CHUNK)
     acc = tl.zeros([ROWS, NORM_CHUNK], tl.float32)
     if GROUP == 1:
@@ -70,7 +67,7 @@ def sum_squares(x_ptr, r_ptr, h_ptr, rows, row_mask, store_rows, stride_x, strid
         tl.static_assert(GROUP == 16, "sum_squares groups 1 or 16 chunks")
         # two (ROWS, lane, 8) tiles: column c0 + (8 * half + chunk) * NORM_CHUNK + lane
         eight = tl.arange(0, 8)
-        for c0 in tl.range(0, hidden, NORM_CHUNK * GROUP, num_stages=PIPELINE):
+        for c0 in range(0, hidden, NORM_CHUNK * GROUP):
             offs = c0 + eight[None, None, :] * NORM_CHUNK + cols[None, :, None]
             mask = row_mask[:, None, None] & (offs < hidden)
             offs2 = offs + 8 * NORM_CHUNK

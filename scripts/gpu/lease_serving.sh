@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166|r169   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1170,28 +1170,6 @@ r159)
   [ -d .basegw/gateway ] || { echo "no .basegw/gateway"; exit 3; }
   R157_SETTINGS="${R157_SETTINGS:-mps mps_base off off_base}" exec bash "$0" r157
   ;;
-r169)
-  # (carry .whl only; any machine) the split-K reduce's norm reading its row back through
-  # a pipelined loop (tl.range num_stages 5: the four steps' loads at hidden 4,096 issued
-  # at once, cp.async; DDTREE_NORM_PIPELINE=1: one step after another, as before): the 8B
-  # shapes 5 / 1 / 5 / 1 (the ar tokens' digest must stay 014e30dc1bef), then the ar
-  # steps traced with it. ~2.5 min
-  i=0
-  for v in 5 1 5 1; do
-    i=$((i + 1)); mark "shapes8b norm pipeline $v"
-    DDTREE_NORM_PIPELINE=$v timeout 150 python3 scripts/gpu/engine_bench.py \
-      --stages shapes8b --target $T --humaneval $H 2>&1 | grep -v Warn | grep -E "^8B|Error"
-    mv "$OUT/engine_shapes8b.json" "$OUT/engine_shapes8b_${i}_pipeline$v.json"
-  done
-  mark "profile8b ar"
-  timeout 150 python3 scripts/gpu/engine_bench.py --stages profile8b --profile8b-modes ar \
-    --target $T --humaneval $H 2>&1 | grep -E "Error" | head -5
-  mv "$OUT/trace8b_ar.json" "$OUT/trace_8b_ar.json"
-  python3 scripts/trace_kernels.py "$OUT/trace_8b_ar.json" 32 > "$OUT/kernels_8b_ar.txt"
-  grep -A14 "critical path" "$OUT/kernels_8b_ar.txt"
-  pack_all $1
-  mark done
-  ;;
 r166)
   # (carry .whl only: random 8B weights built here, no staging; any machine, an H200 where
   # one comes) the 8B shapes twice: shapes8b reports step_ms, a round's device time in
@@ -1202,7 +1180,8 @@ r166)
   # Leases 52-54 (forty-first session) ran variants of it at ee83194: the prefetch budget
   # (--prefetch-mb 16 / 32), each kernel letting the next launch before its own wait
   # (DDTREE_PDL_EARLY=1; also on the demo's batch-1 rows, call r168) and the split-K
-  # reduce's norm in a static loop (call r167, at c35f625); all slower, removed.
+  # reduce's norm in a static loop (call r167, at c35f625); all slower, removed. Lease 56
+  # (call r169, at 8503825) read the reduce's row back through a pipelined loop: no change.
   shapes8b_runs - -
   mark "profile8b ar"
   timeout 150 python3 scripts/gpu/engine_bench.py --stages profile8b --profile8b-modes ar \
