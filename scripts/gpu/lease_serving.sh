@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166|r170   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1071,6 +1071,23 @@ PY
   done
   pack_all $1
   mark done
+  ;;
+r170)
+  # (after 0-3, g3b-g3e, carry .carry/g4) more samples of call 165's gateway rows (lease
+  # 53: ar c8 through serve 0.963x / 0.964x in process, auto 0.960x / 0.932x): through
+  # serve as MPS clients auto / ar / auto / ar / auto / ar, then in process auto / ar;
+  # 160 requests each, the stage summary last (~3 min)
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
+    setting_runs mps auto:16:8 ar:1:8 auto:16:8 ar:1:8 auto:16:8 ar:1:8 || exit 3
+  for mode in auto ar; do
+    mark "$mode c8 in process"
+    timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --modes $mode --budgets 16 --concurrency 8 \
+      --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_inprocess_${mode}_c8_$(date +%s).json" 2>&1 | grep humaneval
+  done
+  summary_and_pack $1
   ;;
 165)
   # (after 0-3, g3b-g3e, carry .carry/g4) the gateway's c8 rows of issue 8 on the demo
