@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ddtree.errors import DDTreeError
+from ddtree.signals import SignalStop
 
 CONTROL = "nvidia-cuda-mps-control"
 MODES = ("auto", "on", "off")
@@ -202,9 +201,8 @@ def serve_forever(mode: str, device: str, pipe_dir: Path) -> int:
     `pipe_dir` (a volume the drafter and the verifier mount, with CUDA_MPS_PIPE_DIRECTORY
     pointing there) until SIGTERM, then quit; with MPS off or unavailable it idles (a client
     whose pipe directory has no daemon runs without MPS)."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = SignalStop()
+    stop.install()
     env = {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}
     start, why = decide(mode, device, shared_gpu=True, env=env)
     control = shutil.which(CONTROL)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hmac
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +25,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from ddtree.signals import SignalStop
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -128,9 +129,8 @@ class Stoppable(Protocol):
 
 def serve_until_signalled(server: Stoppable, name: str, grace_s: float) -> None:
     """Blocks until SIGINT / SIGTERM, then stops `server`, giving in-flight RPCs `grace_s`."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = SignalStop()
+    stop.install()
     stop.wait()
     structlog.get_logger(name).info("stopping", service=name)
     server.stop(grace_s).wait()

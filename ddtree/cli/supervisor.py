@@ -13,18 +13,15 @@ short Python prologue in the child (`_GUARD`), which then execs the real command
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from ddtree.errors import DDTreeError
+from ddtree.signals import SignalStop
 
 # How long a child may take to exit after SIGTERM before it is killed.
 STOP_GRACE_S = 15.0
@@ -80,41 +77,30 @@ class Supervisor:
     startup_timeout_s: float
     pid_dir: Path | None = None
     banner: str = ""  # said once every child is first healthy
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: SignalStop = field(default_factory=SignalStop)  # SIGINT / SIGTERM set it
 
     def run(self) -> int:
         """Blocks until a signal; -> 0. Raises ChildDied / DDTreeError if a child cannot
-        be started in the first place."""
-        with self._signals_stop():
-            try:
-                if self.pid_dir is not None:
-                    self.pid_dir.mkdir(parents=True, exist_ok=True)
-                    self._write_pid("serve", os.getpid())
-                for child in self.children:
-                    self._start(child)
-                    self._wait_first_ready(child)
-                    if self.stop.is_set():
-                        return 0
-                if self.banner:
-                    say(self.banner)
-                while not self.stop.wait(POLL_S):
-                    for child in self.children:
-                        self._tend(child)
-                return 0
-            finally:
-                self._stop_all()
-
-    @contextmanager
-    def _signals_stop(self) -> Iterator[None]:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            self.stop.set()
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        be started in the first place. Its handlers stay for the life of the process:
+        a signal during or after the stop (a second Ctrl-C) changes nothing."""
+        self.stop.install()
         try:
-            yield
+            if self.pid_dir is not None:
+                self.pid_dir.mkdir(parents=True, exist_ok=True)
+                self._write_pid("serve", os.getpid())
+            for child in self.children:
+                self._start(child)
+                self._wait_first_ready(child)
+                if self.stop.is_set():
+                    return 0
+            if self.banner:
+                say(self.banner)
+            while not self.stop.wait(POLL_S):
+                for child in self.children:
+                    self._tend(child)
+            return 0
         finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+            self._stop_all()
 
     def _start(self, child: Child) -> None:
         child.process = subprocess.Popen(guarded(child.argv), env={**self.env, **child.env},
