@@ -482,6 +482,23 @@ ar8() {  # tag [under_mps.py args]: ar c8 in process, 160 requests (report_ar8_<
     | grep -E "humaneval|MPS|rror"
 }
 
+gateway_c8() {  # "serve runs" "in-process modes" call: the demo target at c8 through
+  # `ddtree serve` as MPS clients (the default; each run mode:budget:8, auto's trees of
+  # 16), then in process (no MPS) each mode, 160 HumanEval requests x 256 tokens a run;
+  # the stage summary last
+  [ -f $T/config.json ] || stage_target
+  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" setting_runs mps $1 || exit 3
+  local mode
+  for mode in $2; do
+    mark "$mode c8 in process"
+    timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
+      --num-prompts 160 --num-requests 160 --modes $mode --budgets 16 --concurrency 8 \
+      --max-tokens 256 --no-progress \
+      --json-out "$OUT/report_inprocess_${mode}_c8_$(date +%s).json" 2>&1 | grep humaneval
+  done
+  summary_and_pack $3
+}
+
 mps_apart() {  # MPS's cost apart (lease 44: ar c8 in process as the only MPS client -1.2%,
   # through serve beside the drafter -3.5%): a graph's replay and ar c8 in process (160
   # requests) without MPS, as the only client, beside an idle second client (a context
@@ -1075,36 +1092,14 @@ PY
 r170)
   # (after 0-3, g3b-g3e, carry .carry/g4) more samples of call 165's gateway rows (lease
   # 53: ar c8 through serve 0.963x / 0.964x in process, auto 0.960x / 0.932x): through
-  # serve as MPS clients auto / ar / auto / ar / auto / ar, then in process auto / ar;
-  # 160 requests each, the stage summary last (~3 min)
-  [ -f $T/config.json ] || stage_target
-  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
-    setting_runs mps auto:16:8 ar:1:8 auto:16:8 ar:1:8 auto:16:8 ar:1:8 || exit 3
-  for mode in auto ar; do
-    mark "$mode c8 in process"
-    timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --modes $mode --budgets 16 --concurrency 8 \
-      --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_inprocess_${mode}_c8_$(date +%s).json" 2>&1 | grep humaneval
-  done
-  summary_and_pack $1
+  # serve auto / ar / auto / ar / auto / ar, then in process auto / ar (~3 min)
+  gateway_c8 "auto:16:8 ar:1:8 auto:16:8 ar:1:8 auto:16:8 ar:1:8" "auto ar" $1
   ;;
 165)
   # (after 0-3, g3b-g3e, carry .carry/g4) the gateway's c8 rows of issue 8 on the demo
-  # target, ar and auto (which serves ar at c8): through serve as MPS clients (the
-  # default), ar / auto / ar / auto, then in process (no MPS) in the same order, 160
-  # requests each; the stage summary last (~4 min; call 125 after it: the load curves)
-  [ -f $T/config.json ] || stage_target
-  SERVE_ARGS="--budget 16 --max-budget 16 --max-num-seqs 8" \
-    setting_runs mps ar:1:8 auto:16:8 ar:1:8 auto:16:8 || exit 3
-  for mode in ar auto ar auto; do
-    mark "$mode c8 in process"
-    timeout 120 python3 -m ddtree.cli bench --target $T --drafter $D --prompts humaneval \
-      --num-prompts 160 --num-requests 160 --modes $mode --budgets 16 --concurrency 8 \
-      --max-tokens 256 --no-progress \
-      --json-out "$OUT/report_inprocess_${mode}_c8_$(date +%s).json" 2>&1 | grep humaneval
-  done
-  summary_and_pack $1
+  # target, ar and auto (which serves ar at c8): through serve ar / auto / ar / auto, then
+  # in process in the same order (~4 min; call 125 after it: the load curves)
+  gateway_c8 "ar:1:8 auto:16:8 ar:1:8 auto:16:8" "ar auto ar auto" $1
   ;;
 164)
   # (after 0-3, g3b-g3e, carry .carry/g4; fortieth session) the demo target after the
