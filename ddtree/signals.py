@@ -6,10 +6,11 @@ interrupted. `threading.Event.set` takes the event's lock, and a main thread blo
 and when a first signal's `set` woke it): a signal landing there ran a handler that waited
 for a lock its own thread held, for ever. `ddtree serve` then hung instead of stopping
 (seen on a CPU `ddtree serve` stopped through `timeout` and `pkill`, which delivered
-SIGTERM twice; a burst of SIGTERMs hung that pattern in 9 of 30 trials:
-tests/unit/test_signals.py). Here the handler only sets a flag and writes one byte to a
-pipe (the self-pipe trick), and waiting is a `select` on the pipe's other end, which the
-byte wakes (and which a signal interrupts and Python retries after the handler ran).
+SIGTERM twice; bursts of SIGTERMs hung a loop of that pattern in 1 to 9 of 30 trials;
+tests/unit/test_signals.py pins it deterministically). Here the handler only sets a flag
+and writes one byte to a pipe (the self-pipe trick), and waiting is a `select` on the
+pipe's other end, which the byte wakes (and which a signal interrupts and Python retries
+after the handler ran).
 """
 
 from __future__ import annotations
