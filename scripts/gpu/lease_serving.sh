@@ -229,7 +229,7 @@
 #   call r158 (thirty-eighth session) r156 and r157 cut to fit one call (one machine start)
 #   call r159 (thirty-ninth session) ar c8 through serve: this gateway against .basegw's
 #   call r161 (thirty-ninth session) ar's device time a round in process and through serve
-# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166|r170   (results under $OUT)
+# Usage: bash scripts/gpu/lease_serving.sh 0|1|...|156|r156|r157|r158|r159|r161|164|165|r166|r170|r171   (results under $OUT)
 set -uo pipefail
 source scripts/gpu/lease_env.sh
 T=/tmp/ddtree-cache/smollm2-135m-instruct
@@ -1085,6 +1085,22 @@ PY
         --concurrency 8 --max-tokens 256 --no-progress \
         --json-out "$OUT/report_mps${mps}_$round.json" 2>&1 | grep -E "humaneval|MPS|rror"
     done
+  done
+  pack_all $1
+  mark done
+  ;;
+r171)
+  # (after 0-3, g3b-g3e, carry .carry/g4) why `auto` drafted at c8 in lease 57 (0.915x ar
+  # in process after 32 requests as ar): the policy under a closed loop of 8 answers of
+  # their own length on an 8-row engine, warmed up (what `ddtree bench --concurrency 8`
+  # sends), each turn between ar and drafting printed with the policy's beliefs; then the
+  # same with every answer 256 tokens (the closed loop of earlier leases). ~2 min
+  [ -f $T/config.json ] || stage_target
+  for eos in --stop-at-eos ""; do
+    mark "policy probe c8 ${eos:-(256 tokens)}"
+    timeout 200 python3 scripts/gpu/policy_probe.py $T $D $H --concurrency 8 --seconds 4 \
+      --max-num-seqs 8 --warm-up --watch $eos 2>&1 | grep -v Warn | tail -24
+    mv "$OUT/policy_probe.json" "$OUT/policy_probe${eos:+_eos}.json"
   done
   pack_all $1
   mark done
